@@ -1,0 +1,54 @@
+"""The harness's error types and the exit codes of design.md, so every command fails the same way."""
+
+from __future__ import annotations
+
+from pydantic import ValidationError
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_TARGET = 3
+EXIT_INCONCLUSIVE = 125
+EXIT_INTERRUPTED = 130
+
+
+class ReproError(Exception):
+    """An error the user can act on: printed as one line, mapped to an exit code, never a traceback."""
+
+    exit_code: int = EXIT_FAILED
+
+    def __init__(self, message: str, *, exit_code: int | None = None) -> None:
+        super().__init__(message)
+        if exit_code is not None:
+            self.exit_code = exit_code
+
+
+class UsageError(ReproError):
+    """Bad options, a bad file, a bad spec: exit 2."""
+
+    exit_code = EXIT_USAGE
+
+
+class TargetError(ReproError):
+    """The target is unreachable, serves no model, or failed to start: exit 3."""
+
+    exit_code = EXIT_TARGET
+
+
+def describe_validation_error(err: ValidationError, *, source: str, lines: dict[tuple, int] | None = None) -> str:
+    """One line naming the first invalid field of a pydantic model, and its line in `source` when known.
+
+    `lines` maps a field path (a tuple of keys and indices, as pydantic reports `loc`) to a 1-based line.
+    """
+    first = err.errors()[0]
+    loc = tuple(first.get("loc", ()))
+    field = ".".join(str(part) for part in loc) or "(top level)"
+    where = source
+    if lines:
+        for cut in range(len(loc), -1, -1):
+            line = lines.get(loc[:cut])
+            if line is not None:
+                where = f"{source}:{line}"
+                break
+    extra = "" if len(err.errors()) == 1 else f" (and {len(err.errors()) - 1} more)"
+    return f"{where}: {field}: {first['msg']}{extra}"

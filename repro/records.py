@@ -1,0 +1,159 @@
+"""Records of the run directory: what `repro run` writes and what report, gate and matrix read.
+
+These models are the contract of design.md ("Run directory", "Outcomes"). Field names are part of
+the on-disk format that other tools read: add fields freely, never rename or remove one.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+TurnVerdict = Literal["clean", "corrupt", "suspect"]
+"""dsml_checker's label for a turn that produced a whole answer."""
+
+TurnStatus = Literal["ok", "timeout", "stalled", "error", "interrupted"]
+"""How the request ended: `ok` means a whole answer arrived and was judged."""
+
+SessionOutcome = Literal["clean", "corrupt", "timeout", "error", "interrupted"]
+"""A session's outcome. `interrupted` is a session still in flight when the run was stopped (Ctrl-C)."""
+
+OUTCOMES: tuple[SessionOutcome, ...] = ("clean", "corrupt", "timeout", "error", "interrupted")
+
+
+class _Record(BaseModel):
+    # Readers must accept files written by newer versions that added fields.
+    model_config = ConfigDict(extra="allow")
+
+
+class FindingRecord(_Record):
+    """One dsml_checker finding, as stored."""
+
+    rule: str
+    field: str
+    start: int
+    end: int
+    excerpt: str
+    severity: Literal["hard", "soft", "info"]
+
+
+class TurnRecord(_Record):
+    """One request of a session: timings, server accounting, the verdict and where its raw bytes are."""
+
+    index: int
+    status: TurnStatus
+    verdict: TurnVerdict | None = None
+    """None unless status is `ok`."""
+    findings: list[FindingRecord] = Field(default_factory=list)
+    start_s: float
+    """When the turn was ready to send, seconds since the run started."""
+    queue_s: float = 0.0
+    """Client-side wait (concurrency slot, connection pool) before the request left the client."""
+    ttft_s: float | None = None
+    """From sending the request to the first content, reasoning or tool-call byte."""
+    e2e_s: float | None = None
+    """From sending the request to the end of the response."""
+    max_gap_s: float | None = None
+    """Longest silence between two received chunks."""
+    chunks: int = 0
+    http_status: int | None = None
+    finish_reason: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cached_tokens: int | None = None
+    tool_calls: list[str] = Field(default_factory=list)
+    """Names of the structured tool calls the turn returned."""
+    request_id: str | None = None
+    """The server's response id, to match server-side logs (the simulator's fault log)."""
+    error: str | None = None
+    raw_path: str | None = None
+    """Path of the turn's exact response bytes, relative to the run directory; set for every non-clean turn."""
+
+
+class SessionRecord(_Record):
+    """One finished (or interrupted) agentic session: one line of sessions.jsonl."""
+
+    session_id: int
+    task: str
+    outcome: SessionOutcome
+    wedged: bool = False
+    """A stream went silent for longer than --stall-timeout."""
+    finished: bool = False
+    """The model gave a final answer (as opposed to running out of turns or budget)."""
+    start_s: float
+    end_s: float
+    turns: list[TurnRecord] = Field(default_factory=list)
+    clean_turns: int = 0
+    """Turns judged clean (or suspect) before the session ended; for a timeout, how far it got cleanly."""
+    first_corrupt_turn: int | None = None
+    rules: list[str] = Field(default_factory=list)
+    """Distinct hard rule ids seen in the session, in order of first appearance."""
+    error: str | None = None
+
+
+class RateEstimate(_Record):
+    """A proportion with its interval: k events out of n observations."""
+
+    k: int
+    n: int
+    estimate: float | None
+    """None when n is 0: no observation, no estimate."""
+    ci_low: float
+    ci_high: float
+    method: str
+    confidence: float = 0.95
+
+
+class Percentiles(_Record):
+    count: int
+    p50: float | None = None
+    p90: float | None = None
+    p99: float | None = None
+    max: float | None = None
+
+
+class Summary(_Record):
+    """summary.json: the run's counts and rates, written at the end (also after Ctrl-C)."""
+
+    sessions: int
+    counts: dict[str, int]
+    """Every key of OUTCOMES, zero included."""
+    wedged: int
+    corruption_rate: RateEstimate
+    """Over completed sessions (clean + corrupt), Clopper-Pearson."""
+    worst_case: RateEstimate | None = None
+    """Every timeout counted as corrupt."""
+    best_case: RateEstimate | None = None
+    """Every timeout counted as clean."""
+    suspect_sessions: int = 0
+    inconclusive: bool = False
+    inconclusive_reasons: list[str] = Field(default_factory=list)
+    turns: int = 0
+    turn_counts: dict[str, int] = Field(default_factory=dict)
+    """Turns per verdict (clean, corrupt, suspect) and per non-ok status."""
+    latency: dict[str, Percentiles] = Field(default_factory=dict)
+    """Keys: ttft_s, e2e_s, queue_s, max_gap_s, session_s."""
+    loop_lag: Percentiles | None = None
+    """Event-loop lag of the client, sampled during the run: high values mean the client distorted timings."""
+    duration_s: float = 0.0
+    interrupted: bool = False
+    gate: dict[str, Any] | None = None
+
+
+class Manifest(_Record):
+    """manifest.json: what was run, against what, with which versions; written at start, completed at end."""
+
+    name: str
+    run_id: str
+    command: list[str]
+    options: dict[str, Any]
+    workload: dict[str, Any]
+    """At least name, path and sha256 of the workload file."""
+    target: dict[str, Any]
+    """At least base_url, model and embedded (bool); sim_args when embedded."""
+    server_info: dict[str, Any] | None = None
+    versions: dict[str, str] = Field(default_factory=dict)
+    started_at: str
+    """ISO 8601, UTC."""
+    ended_at: str | None = None
