@@ -1,0 +1,18 @@
+"""The statistics layer: pure functions over outcome counts, returning frozen result objects.
+
+Every name is importable from `repro.stats`; the submodules group them by question (one rate, two
+rates, many tests, power, sequential stopping, strata).
+"""
+
+from repro.stats.intervals import Interval, clopper_pearson, timeout_bounds, upper_bound, wilson
+from repro.stats.verdict import Inconclusive, assess_inconclusive
+
+__all__ = [
+    "Inconclusive",
+    "Interval",
+    "assess_inconclusive",
+    "clopper_pearson",
+    "timeout_bounds",
+    "upper_bound",
+    "wilson",
+]
