@@ -1,0 +1,35 @@
+"""Many flags tested at once: adjusted p-values that control the family-wise error or the false discovery rate."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from scipy import stats as sps
+from statsmodels.stats.multitest import multipletests
+
+from repro.errors import UsageError
+
+
+def _checked(pvalues: Sequence[float]) -> list[float]:
+    values = [float(p) for p in pvalues]
+    for i, p in enumerate(values):
+        if math.isnan(p) or not 0.0 <= p <= 1.0:
+            raise UsageError(f"p-value {i} must be between 0 and 1, got {p}")
+    return values
+
+
+def holm(pvalues: Sequence[float]) -> list[float]:
+    """Holm-adjusted p-values: reject those <= alpha and the chance of any false flag stays <= alpha."""
+    values = _checked(pvalues)
+    if not values:
+        return []
+    return [float(p) for p in multipletests(values, method="holm")[1]]
+
+
+def benjamini_hochberg(pvalues: Sequence[float]) -> list[float]:
+    """Benjamini–Hochberg adjusted p-values: rejecting those <= q keeps the expected share of false flags <= q."""
+    values = _checked(pvalues)
+    if not values:
+        return []
+    return [float(p) for p in sps.false_discovery_control(values, method="bh")]
