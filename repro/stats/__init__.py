@@ -6,18 +6,22 @@ rates, many tests, power, sequential stopping, strata).
 
 from repro.stats.intervals import Interval, clopper_pearson, timeout_bounds, upper_bound, wilson
 from repro.stats.multiplicity import benjamini_hochberg, holm
+from repro.stats.stratified import StratifiedResult, cmh, stratified_exact_test
 from repro.stats.twosample import Comparison, compare
 from repro.stats.verdict import Inconclusive, assess_inconclusive
 
 __all__ = [
     "Comparison",
-    "benjamini_hochberg",
-    "compare",
-    "holm",
     "Inconclusive",
     "Interval",
+    "StratifiedResult",
     "assess_inconclusive",
+    "benjamini_hochberg",
     "clopper_pearson",
+    "cmh",
+    "compare",
+    "holm",
+    "stratified_exact_test",
     "timeout_bounds",
     "upper_bound",
     "wilson",
