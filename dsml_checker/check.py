@@ -1,0 +1,163 @@
+"""`check()`: judge one whole assistant turn (an OpenAI chat-completion message) against every rule."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from dsml_checker.findings import Finding, Verdict, make_finding
+from dsml_checker.schema import schema_error
+from dsml_checker.text_rules import scan_arguments, scan_text
+
+_NAME_FORBIDDEN = frozenset("\"'<>`")
+
+
+def _text(value: Any) -> str:
+    """A message field as text: content may be null, a string, or a list of text parts."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        return "".join(p["text"] for p in value if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return str(value)
+
+
+def _tool_schemas(tools: Any) -> dict[str, Any] | None:
+    """Name -> parameters schema of the request's tools; None when the request offered no tools."""
+    if not isinstance(tools, list) or not tools:
+        return None
+    schemas: dict[str, Any] = {}
+    for tool in tools:
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if isinstance(fn, dict) and isinstance(fn.get("name"), str):
+            schemas[fn["name"]] = fn.get("parameters")
+    return schemas
+
+
+def _whole(rule: str, field: str, text: str, excerpt: str | None = None) -> Finding:
+    found = make_finding(rule, field, text, 0, len(text))
+    return found if excerpt is None else Finding(found.rule, field, 0, len(text), excerpt, found.severity)
+
+
+def _bad_name(name: Any) -> bool:
+    return (
+        not isinstance(name, str)
+        or not name
+        or any(c in _NAME_FORBIDDEN or c.isspace() for c in name)
+        or "｜" in name
+    )
+
+
+def _check_arguments(args: Any, field: str, schema: Any, has_schema: bool) -> list[Finding]:
+    if isinstance(args, dict):
+        text, parsed = json.dumps(args, ensure_ascii=False), args
+    elif isinstance(args, str):
+        text = args
+        found = scan_arguments(args, field)
+        try:
+            # An empty string is how several servers send a zero-argument call.
+            parsed = json.loads(args) if args.strip() else {}
+        except ValueError:
+            return [*found, _whole("args-not-object", field, text)]
+        if not isinstance(parsed, dict):
+            return [*found, _whole("args-not-object", field, text)]
+        if not has_schema:
+            return found
+        return found + _check_schema(parsed, text, field, schema)
+    else:
+        return [_whole("args-not-object", field, repr(args))]
+    return _check_schema(parsed, text, field, schema) if has_schema else []
+
+
+def _check_schema(parsed: dict[str, Any], text: str, field: str, schema: Any) -> list[Finding]:
+    if not isinstance(schema, dict):
+        return []
+    if not parsed and schema.get("required"):
+        return [_whole("ghost-call", field, text)]
+    error = schema_error(parsed, schema)
+    return [] if error is None else [_whole("args-schema", field, text, excerpt=error)]
+
+
+def _check_calls(calls: Any, schemas: dict[str, Any] | None) -> tuple[list[Finding], list[str]]:
+    """Findings over structured tool_calls, and the names of the well-shaped calls."""
+    if calls is None:
+        return [], []
+    if not isinstance(calls, list):
+        return [_whole("tool-call-shape", "tool_calls", repr(calls)[:80])], []
+    findings: list[Finding] = []
+    names: list[str] = []
+    for i, call in enumerate(calls):
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict):
+            findings.append(_whole("tool-call-shape", f"tool_calls[{i}]", repr(call)[:80]))
+            continue
+        name = fn.get("name")
+        name_field = f"tool_calls[{i}].function.name"
+        if _bad_name(name):
+            findings.append(_whole("bad-tool-name", name_field, str(name)))
+        elif schemas is not None and name not in schemas:
+            findings.append(_whole("unknown-tool", name_field, name))
+        if isinstance(name, str):
+            names.append(name)
+        known = schemas is not None and isinstance(name, str) and name in schemas
+        findings += _check_arguments(
+            fn.get("arguments"), f"tool_calls[{i}].function.arguments", schemas.get(name) if known else None, known
+        )
+    return findings, names
+
+
+def _tool_choice_name(tool_choice: Any) -> str | None:
+    if isinstance(tool_choice, dict):
+        fn = tool_choice.get("function")
+        if isinstance(fn, dict) and isinstance(fn.get("name"), str):
+            return fn["name"]
+    return None
+
+
+def _check_consistency(
+    *, names: list[str], n_calls: int, markup: bool, finish_reason: Any, tool_choice: Any
+) -> list[Finding]:
+    findings: list[Finding] = []
+    reason = finish_reason if isinstance(finish_reason, str) else ""
+    if reason == "tool_calls" and n_calls == 0:
+        findings.append(_whole("finish-tool-calls-empty", "finish_reason", reason))
+    if markup and reason in ("stop", "length") and n_calls == 0:
+        findings.append(_whole("dsml-leak-finish", "finish_reason", reason))
+    choice_text = json.dumps(tool_choice) if tool_choice is not None else ""
+    wanted = _tool_choice_name(tool_choice)
+    if tool_choice == "none" and (n_calls or markup):
+        findings.append(_whole("tool-choice-none", "tool_choice", choice_text))
+    elif (tool_choice == "required" or wanted is not None) and n_calls == 0:
+        findings.append(_whole("tool-choice-required", "tool_choice", choice_text))
+    elif wanted is not None and any(name != wanted for name in names):
+        findings.append(_whole("tool-choice-mismatch", "tool_choice", choice_text))
+    return findings
+
+
+def check(message: Any, *, finish_reason: str | None = None, tools: Any = None, tool_choice: Any = None) -> Verdict:
+    """Judge one assistant message (`content`, `reasoning_content`, `tool_calls`) and its finish reason.
+
+    `tools` and `tool_choice` are the request's, in OpenAI format; without tools the name and schema checks
+    are skipped. Any input shape is accepted: malformed messages become findings, never exceptions.
+    """
+    if not isinstance(message, dict):
+        return Verdict.of((_whole("message-shape", "message", repr(message)[:80]),))
+    schemas = _tool_schemas(tools)
+    findings: list[Finding] = []
+    markup = False
+    reasoning = message.get("reasoning_content")
+    if reasoning is None:
+        reasoning = message.get("reasoning")
+    for field, value in (("content", message.get("content")), ("reasoning_content", reasoning)):
+        scan = scan_text(_text(value), field, reasoning=field != "content", tools_offered=schemas is not None)
+        findings += scan.findings
+        markup = markup or scan.markup
+    calls = message.get("tool_calls")
+    call_findings, names = _check_calls(calls, schemas)
+    findings += call_findings
+    n_calls = len(calls) if isinstance(calls, list) else 0
+    findings += _check_consistency(
+        names=names, n_calls=n_calls, markup=markup, finish_reason=finish_reason, tool_choice=tool_choice
+    )
+    return Verdict.of(tuple(findings))

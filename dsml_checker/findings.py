@@ -1,0 +1,116 @@
+"""The checker's vocabulary: the rule registry, one finding, and the verdict over a whole turn."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Severity = Literal["hard", "soft", "info"]
+Label = Literal["clean", "corrupt", "suspect"]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A registered rule: how much it counts and what it means, in one line."""
+
+    severity: Severity
+    description: str
+
+
+RULES: dict[str, Rule] = {
+    # content and reasoning_content (dsml-format.md §5, rules 1–6 and 9)
+    "sentinel": Rule("hard", "the DSML sentinel ｜DSML｜ appears in text outside a code span or fence"),
+    "sentinel-variant": Rule("hard", "a garbled sentinel (ASCII, doubled or ‖ bars, spaces, other case) next to a DSML tag word"),
+    "wrapper-tag": Rule("hard", "a tool-call block opener or closer, exact or misspelled, appears in text"),
+    "bare-invoke": Rule("hard", "an invoke opener appears in text with no block opener before it"),
+    "orphan-closer": Rule("hard", "a DSML closing tag appears in text without its opening tag"),
+    "truncated-tag": Rule("hard", "the text ends inside a DSML or special-token tag"),
+    "xml-tool-tags": Rule("hard", "non-DSML XML tool tags (<invoke name=…>, <function_calls>, <parameter … string=…>) in text"),
+    "v3-special-tokens": Rule("hard", "DeepSeek V3-era tool-call special tokens, or their ASCII spellings, in text"),
+    "control-token-leak": Rule("hard", "a chat-template control token or prompt placeholder leaked into text"),
+    "duplicated-output": Rule("hard", "the same text (40+ characters) is repeated back to back"),
+    # structured tool_calls (rule 7)
+    "message-shape": Rule("hard", "the message is not a JSON object"),
+    "tool-call-shape": Rule("hard", "a tool_calls entry is not an object with a function object"),
+    "bad-tool-name": Rule("hard", "a tool-call name is empty or contains quotes, angle brackets or whitespace"),
+    "unknown-tool": Rule("hard", "a tool-call name is not among the request's tools"),
+    "args-dsml": Rule("hard", "tool-call arguments contain DSML markup"),
+    "args-not-object": Rule("hard", "tool-call arguments are not a JSON object"),
+    "ghost-call": Rule("hard", "tool-call arguments are empty although the tool's schema requires properties"),
+    "args-schema": Rule("hard", "tool-call arguments violate the tool's JSON schema"),
+    # consistency (rule 8)
+    "finish-tool-calls-empty": Rule("hard", 'finish_reason is "tool_calls" but there are no tool_calls'),
+    "dsml-leak-finish": Rule("hard", "tool-call markup is in the text, finish_reason is stop or length and there are no tool_calls"),
+    "tool-choice-none": Rule("hard", 'tool_choice was "none" but the turn carries tool calls or tool-call markup'),
+    "tool-choice-required": Rule("hard", 'tool_choice was "required" or a named function but there are no tool_calls'),
+    "tool-choice-mismatch": Rule("hard", "tool_choice named a function but another function was called"),
+    # soft (rules 10–11)
+    "repetition-loop": Rule("soft", "a short unit repeats in a loop (0000…, repeated n-grams)"),
+    "rare-chars": Rule("soft", "a run of replacement, control, private-use or other rare characters"),
+    "attr-damage": Rule("soft", "visible DSML tags with damaged attributes (string flag, quotes, duplicates, prose between parameters)"),
+    # info
+    "quoted-dsml": Rule("info", "DSML markup quoted inside a Markdown code span or fence"),
+}
+
+_EXCERPT_BEFORE = 20
+_EXCERPT_MAX = 80
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One rule firing on one field, with the character span it fired on."""
+
+    rule: str
+    field: str
+    start: int
+    end: int
+    excerpt: str
+    severity: Severity
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rule": self.rule,
+            "field": self.field,
+            "start": self.start,
+            "end": self.end,
+            "excerpt": self.excerpt,
+            "severity": self.severity,
+        }
+
+
+def make_finding(rule: str, field: str, text: str, start: int, end: int) -> Finding:
+    """A finding for `rule` on text[start:end], with a short excerpt around it; severity from the registry."""
+    lo = max(0, start - _EXCERPT_BEFORE)
+    hi = min(len(text), max(end, lo) + _EXCERPT_BEFORE, lo + _EXCERPT_MAX)
+    return Finding(rule, field, start, end, text[lo:hi], RULES[rule].severity)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The judgement of one whole turn: corrupt on any hard finding, suspect on soft ones only."""
+
+    label: Label
+    findings: tuple[Finding, ...]
+
+    @classmethod
+    def of(cls, findings: tuple[Finding, ...]) -> Verdict:
+        if any(f.severity == "hard" for f in findings):
+            return cls("corrupt", findings)
+        if any(f.severity == "soft" for f in findings):
+            return cls("suspect", findings)
+        return cls("clean", findings)
+
+    @property
+    def hard(self) -> tuple[Finding, ...]:
+        return tuple(f for f in self.findings if f.severity == "hard")
+
+    @property
+    def soft(self) -> tuple[Finding, ...]:
+        return tuple(f for f in self.findings if f.severity == "soft")
+
+    @property
+    def rules(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(f.rule for f in self.findings))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"label": self.label, "findings": [f.to_dict() for f in self.findings]}

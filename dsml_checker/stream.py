@@ -1,0 +1,117 @@
+"""Rebuild one assistant message from streamed `chat.completion.chunk` objects, so a turn is judged whole."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class _CallParts:
+    id: str | None = None
+    type: str | None = None
+    name: str | None = None
+    arguments: list[str] = field(default_factory=list)
+
+
+class StreamAccumulator:
+    """Merge deltas: content and reasoning concatenated, tool calls by index, the last finish_reason and usage.
+
+    Junk (a chunk that is not an object, a delta or tool-call entry of the wrong shape) is counted in
+    `malformed` and otherwise ignored: the caller decides what a malformed stream means.
+    """
+
+    def __init__(self) -> None:
+        self._content: list[str] = []
+        self._reasoning: list[str] = []
+        self._calls: dict[int, _CallParts] = {}
+        self._saw_content = False
+        self._saw_reasoning = False
+        self.finish_reason: str | None = None
+        self.usage: dict[str, Any] | None = None
+        self.chunks = 0
+        self.malformed = 0
+
+    def add_chunk(self, chunk: Any) -> None:
+        self.chunks += 1
+        if not isinstance(chunk, dict):
+            self.malformed += 1
+            return
+        if isinstance(chunk.get("usage"), dict):
+            self.usage = chunk["usage"]
+        choices = chunk.get("choices")
+        if choices is None or choices == []:
+            return  # the usage-only chunk at the end of a stream
+        if not isinstance(choices, list) or not isinstance(choices[0], dict):
+            self.malformed += 1
+            return
+        choice = choices[0]
+        if isinstance(choice.get("finish_reason"), str):
+            self.finish_reason = choice["finish_reason"]
+        delta = choice.get("delta")
+        if delta is None:
+            return
+        if not isinstance(delta, dict):
+            self.malformed += 1
+            return
+        self._add_delta(delta)
+
+    def _add_delta(self, delta: dict[str, Any]) -> None:
+        content = delta.get("content")
+        if isinstance(content, str):
+            self._saw_content = True
+            self._content.append(content)
+        reasoning = delta.get("reasoning_content", delta.get("reasoning"))
+        if isinstance(reasoning, str):
+            self._saw_reasoning = True
+            self._reasoning.append(reasoning)
+        calls = delta.get("tool_calls")
+        if calls is None:
+            return
+        if not isinstance(calls, list):
+            self.malformed += 1
+            return
+        for entry in calls:
+            self._add_call(entry)
+
+    def _add_call(self, entry: Any) -> None:
+        if not isinstance(entry, dict):
+            self.malformed += 1
+            return
+        index = entry.get("index")
+        if not isinstance(index, int) or isinstance(index, bool):
+            # Without an index, a new id starts a new call and anything else continues the last one.
+            is_new = entry.get("id") is not None or not self._calls
+            index = len(self._calls) if is_new else max(self._calls)
+        parts = self._calls.setdefault(index, _CallParts())
+        if parts.id is None and isinstance(entry.get("id"), str):
+            parts.id = entry["id"]
+        if parts.type is None and isinstance(entry.get("type"), str):
+            parts.type = entry["type"]
+        fn = entry.get("function")
+        if fn is None:
+            return
+        if not isinstance(fn, dict):
+            self.malformed += 1
+            return
+        if parts.name is None and isinstance(fn.get("name"), str) and fn["name"]:
+            parts.name = fn["name"]
+        if isinstance(fn.get("arguments"), str):
+            parts.arguments.append(fn["arguments"])
+
+    def message(self) -> dict[str, Any]:
+        """The merged message, shaped like a non-streamed `choices[0].message`."""
+        calls = [
+            {
+                "id": parts.id,
+                "type": parts.type or "function",
+                "function": {"name": parts.name, "arguments": "".join(parts.arguments)},
+            }
+            for _, parts in sorted(self._calls.items())
+        ]
+        return {
+            "role": "assistant",
+            "content": "".join(self._content) if self._saw_content else None,
+            "reasoning_content": "".join(self._reasoning) if self._saw_reasoning else None,
+            "tool_calls": calls or None,
+        }
