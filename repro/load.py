@@ -1,0 +1,140 @@
+"""The load generator: N sessions at concurrency C in one anyio task group, with ramp-up and interruption.
+
+Knows nothing of matrices or run directories: finished sessions go to a callback as they end.
+It samples the event loop's lag while it runs, so a user can tell when the client itself (not the
+server) distorted the timings. SIGINT or SIGTERM (main thread only) cancels the sessions in
+flight; they are reported through the same callback as `interrupted`.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
+
+import anyio
+
+from repro.records import SessionRecord
+
+if TYPE_CHECKING:
+    from repro.session import Session
+
+LAG_INTERVAL_S = 0.05
+
+
+@dataclass
+class LoadProgress:
+    """Live counters for the display; updated by the load generator only."""
+
+    planned: int
+    started: int = 0
+    in_flight: int = 0
+    turns: int = 0
+    outcomes: Counter[str] = field(default_factory=Counter)
+    wedged: int = 0
+    t0: float = field(default_factory=time.perf_counter)
+
+    @property
+    def finished(self) -> int:
+        return sum(self.outcomes.values())
+
+    @property
+    def elapsed_s(self) -> float:
+        return time.perf_counter() - self.t0
+
+
+@dataclass
+class LoadResult:
+    interrupted: bool
+    loop_lag_s: list[float]
+    duration_s: float
+
+
+class LagSampler:
+    """Sleeps a fixed interval again and again; how late each wake-up is, is the loop's lag."""
+
+    def __init__(self, interval: float = LAG_INTERVAL_S) -> None:
+        self.interval = interval
+        self.samples: list[float] = []
+
+    async def run(self) -> None:
+        while True:
+            before = time.perf_counter()
+            await anyio.sleep(self.interval)
+            self.samples.append(max(0.0, time.perf_counter() - before - self.interval))
+
+
+async def _watch_signals(scope: anyio.CancelScope, stop: Callable[[], None]) -> None:
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for _ in signals:
+            stop()
+            scope.cancel()
+            return
+
+
+async def run_load(
+    sessions: int,
+    concurrency: int,
+    make_session: Callable[[int], "Session"],
+    on_finish: Callable[[SessionRecord], None],
+    *,
+    ramp_up: float = 0.0,
+    progress: LoadProgress | None = None,
+    handle_signals: bool = True,
+) -> LoadResult:
+    """Run sessions 0..N-1, at most `concurrency` at once, starts spread evenly over `ramp_up` seconds.
+
+    `make_session(i)` is called when session i gets its slot; `on_finish` gets every finished
+    session's record, and at an interruption the record of every session still in flight.
+    """
+    progress = progress or LoadProgress(planned=sessions)
+    limiter = anyio.CapacityLimiter(max(1, concurrency))
+    in_flight: dict[int, "Session"] = {}
+    sampler = LagSampler()
+    interrupted = False
+    start = time.perf_counter()
+
+    def finish(record: SessionRecord) -> None:
+        progress.outcomes[record.outcome] += 1
+        progress.wedged += int(record.wedged)
+        on_finish(record)
+
+    def count_turn(_: object) -> None:
+        progress.turns += 1
+
+    async def one(index: int) -> None:
+        async with limiter:
+            session = make_session(index)
+            session.on_turn = count_turn
+            in_flight[index] = session
+            progress.started += 1
+            progress.in_flight += 1
+            try:
+                record = await session.run()
+            finally:
+                progress.in_flight -= 1
+            del in_flight[index]
+            finish(record)
+
+    def stop() -> None:
+        nonlocal interrupted
+        interrupted = True
+
+    async with anyio.create_task_group() as outer:
+        outer.start_soon(sampler.run)
+        if handle_signals and threading.current_thread() is threading.main_thread():
+            outer.start_soon(_watch_signals, outer.cancel_scope, stop)
+        async with anyio.create_task_group() as group:
+            for index in range(sessions):
+                if ramp_up > 0 and sessions > 1:
+                    delay = start + ramp_up * index / sessions - time.perf_counter()
+                    if delay > 0:
+                        await anyio.sleep(delay)
+                group.start_soon(one, index)
+        outer.cancel_scope.cancel()
+    for index in sorted(in_flight):
+        finish(in_flight[index].interrupted())
+    return LoadResult(interrupted=interrupted, loop_lag_s=sampler.samples, duration_s=time.perf_counter() - start)

@@ -1,0 +1,76 @@
+"""Scrape the target's Prometheus `/metrics` every few seconds into the run directory's metrics.csv.
+
+Long format, one row per sample: elapsed_s, metric, labels (JSON), value. Parsing is
+prometheus_client's; a target without `/metrics` (or one that serves garbage) is simply not
+scraped, never an error of the run.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import time
+from pathlib import Path
+
+import anyio
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+HEADER = ("elapsed_s", "metric", "labels", "value")
+
+
+def metrics_url(base_url: str) -> str:
+    """`/metrics` at the server root, for an OpenAI base URL that usually ends in /v1."""
+    root = base_url.rstrip("/")
+    if root.endswith("/v1"):
+        root = root[: -len("/v1")]
+    return root + "/metrics"
+
+
+def parse_samples(text: str) -> list[tuple[str, str, float]]:
+    """(sample name, labels as sorted JSON, value) for every sample of a Prometheus text exposition."""
+    rows = []
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            rows.append((sample.name, json.dumps(dict(sorted(sample.labels.items()))), float(sample.value)))
+    return rows
+
+
+class MetricsScraper:
+    """Appends a scrape to metrics.csv every `interval` seconds while `run()` is awaited."""
+
+    def __init__(self, client: httpx.AsyncClient, url: str, path: Path, *, interval: float = 2.0) -> None:
+        self.client = client
+        self.url = url
+        self.path = Path(path)
+        self.interval = interval
+        self.scrapes = 0
+        self.available: bool | None = None
+        """None until the first attempt; False when the target has no usable /metrics."""
+
+    async def scrape_once(self, origin: float) -> bool:
+        try:
+            response = await self.client.get(self.url, timeout=5.0)
+            if response.status_code != 200:
+                return False
+            rows = parse_samples(response.text)
+        except (httpx.HTTPError, ValueError):
+            return False
+        elapsed = round(time.perf_counter() - origin, 3)
+        new = not self.path.exists()
+        with open(self.path, "a", newline="", encoding="utf-8") as fh:
+            writer = csv.writer(fh)
+            if new:
+                writer.writerow(HEADER)
+            writer.writerows((elapsed, name, labels, value) for name, labels, value in rows)
+        self.scrapes += 1
+        return True
+
+    async def run(self, origin: float) -> None:
+        """Scrape until cancelled; stop for good if the very first scrape finds no metrics."""
+        self.available = await self.scrape_once(origin)
+        if not self.available:
+            return
+        while True:
+            await anyio.sleep(self.interval)
+            await self.scrape_once(origin)

@@ -1,0 +1,314 @@
+"""`repro run` end to end: options, target (a URL or the embedded simulator), run directory, load, summary.
+
+`RunOptions` is the validated option set (CLI, `--config` YAML, a matrix spec's `load:` section);
+`execute_run` is the synchronous entry point the CLI and the matrix call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import shlex
+import sys
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterator
+
+import anyio
+import httpx
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from rich.console import Console
+
+from repro import __version__
+from repro.display import final_view, show_progress
+from repro.errors import EXIT_INTERRUPTED, EXIT_OK, TargetError, UsageError, describe_validation_error
+from repro.load import LoadProgress, run_load
+from repro.metrics import MetricsScraper, metrics_url
+from repro.records import Manifest, SessionRecord, Summary
+from repro.session import Session, SessionConfig
+from repro.store import METRICS, RunWriter, slug
+from repro.summary import summarize
+from repro.workload import load_workload
+
+EMBEDDED_SIM_ARGS = ("--enable-hierarchical-cache", "--index-k-dtype", "bf16")
+"""The seeds' faulty configuration: HiCache on, bf16 index-K, no index-K gate (the fix flag absent)."""
+TARGET_CHECK_TIMEOUT_S = 10.0
+
+
+class RunOptions(BaseModel):
+    """One field per `repro run` option; the defaults are the CLI's."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    base_url: str | None = None
+    model: str | None = None
+    api_key_env: str | None = None
+    sessions: int = Field(default=60, ge=1, le=100_000)
+    concurrency: int | None = Field(default=None, ge=1, le=100_000)
+    """None: all sessions at once."""
+    ramp_up: float = Field(default=0.0, ge=0.0)
+    turns: int = Field(default=12, ge=1, le=1_000)
+    timeout: float = Field(default=180.0, gt=0.0)
+    turn_timeout: float = Field(default=120.0, gt=0.0)
+    stall_timeout: float = Field(default=30.0, gt=0.0)
+    workload: Path | None = None
+    """None: the packaged experiments/agentic_coding.yaml."""
+    seed: int = 0
+    name: str | None = None
+    """None: the workload's name."""
+    out: Path | None = None
+    stream: bool = True
+    extra_body: dict[str, Any] = Field(default_factory=dict)
+    sim_args: list[str] = Field(default_factory=list)
+    max_corruption_rate: float | None = Field(default=None, ge=0.0, le=1.0)
+
+    @field_validator("base_url")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("http://", "https://")):
+            raise ValueError("must start with http:// or https://")
+        return value.rstrip("/") if value else value
+
+    @field_validator("extra_body", mode="before")
+    @classmethod
+    def _json_object(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError as err:
+                raise ValueError(f"not valid JSON: {err}") from None
+        if not isinstance(value, dict):
+            raise ValueError("must be a JSON object")
+        return value
+
+    @field_validator("sim_args", mode="before")
+    @classmethod
+    def _split(cls, value: Any) -> Any:
+        return shlex.split(value) if isinstance(value, str) else value
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _variable_name(cls, value: str | None) -> str | None:
+        if value is not None and not value.replace("_", "a").isalnum():
+            raise ValueError("must be the name of an environment variable, not the key itself")
+        return value
+
+    @classmethod
+    def parse(cls, data: dict[str, Any], *, source: str = "options") -> "RunOptions":
+        """Validate, turning the first problem into a UsageError that names the field."""
+        try:
+            return cls.model_validate(data)
+        except ValidationError as err:
+            raise UsageError(describe_validation_error(err, source=source)) from None
+
+    @classmethod
+    def from_sources(cls, config: Path | None, overrides: dict[str, Any]) -> "RunOptions":
+        """Options from a YAML file (`--config`) with the command line's values winning."""
+        data: dict[str, Any] = {}
+        if config is not None:
+            try:
+                loaded = yaml.safe_load(Path(config).read_text(encoding="utf-8"))
+            except OSError as err:
+                raise UsageError(f"--config {config}: cannot read: {err.strerror or err}") from None
+            except yaml.YAMLError as err:
+                raise UsageError(f"--config {config}: not valid YAML: {err}") from None
+            if loaded is not None and not isinstance(loaded, dict):
+                raise UsageError(f"--config {config}: must be a mapping of option names to values")
+            data = {str(key).replace("-", "_"): value for key, value in (loaded or {}).items()}
+        data.update({key: value for key, value in overrides.items() if value is not None})
+        return cls.parse(data, source=str(config) if config is not None else "options")
+
+
+@dataclass(frozen=True)
+class RunResult:
+    path: Path
+    summary: Summary
+    exit_code: int
+
+
+@dataclass(frozen=True)
+class Target:
+    base_url: str
+    model: str
+    embedded: bool
+    sim_args: list[str]
+    server_info: dict[str, Any] | None
+
+
+def _utc_now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _headers(options: RunOptions) -> dict[str, str]:
+    if options.api_key_env is None:
+        return {}
+    key = os.environ.get(options.api_key_env)
+    if not key:
+        raise UsageError(f"--api-key-env {options.api_key_env}: the environment variable is not set")
+    return {"Authorization": f"Bearer {key}"}
+
+
+def resolve_target(base_url: str, model: str | None, headers: dict[str, str], *, embedded: bool, sim_args: list[str]) -> Target:
+    """Check that the target answers `/models`; pick the model; read `/server_info` when there is one."""
+    with httpx.Client(timeout=TARGET_CHECK_TIMEOUT_S, trust_env=False, headers=headers) as client:
+        try:
+            response = client.get(f"{base_url}/models")
+        except httpx.HTTPError as err:
+            raise TargetError(f"target {base_url} is unreachable: {type(err).__name__}: {err}") from None
+        if response.status_code != 200:
+            raise TargetError(f"target {base_url}/models answered HTTP {response.status_code}")
+        try:
+            listed = [str(entry["id"]) for entry in response.json().get("data", [])]
+        except (ValueError, AttributeError, KeyError, TypeError):
+            raise TargetError(f"target {base_url}/models did not return an OpenAI model list") from None
+        if model is None:
+            if not listed:
+                raise TargetError(f"target {base_url} serves no model (/models is empty)")
+            model = listed[0]
+        server_info = None
+        with contextlib.suppress(httpx.HTTPError, ValueError):
+            info = client.get(metrics_url(base_url).removesuffix("/metrics") + "/server_info")
+            if info.status_code == 200 and isinstance(info.json(), dict):
+                server_info = info.json()
+    return Target(base_url=base_url, model=model, embedded=embedded, sim_args=sim_args, server_info=server_info)
+
+
+@contextlib.contextmanager
+def _embedded_sim(options: RunOptions, run_dir: Path, console: Console) -> Iterator[str]:
+    from repro.sim.launch import start_sim
+
+    args = [*EMBEDDED_SIM_ARGS, *options.sim_args]
+    with start_sim(args, log_path=run_dir / "sim.log") as sim:
+        console.print(
+            f"No --base-url: started the embedded simulator at {sim.base_url} "
+            "(HiCache on, bf16 index-K, no index-K gate" + (f"; {shlex.join(options.sim_args)}" if options.sim_args else "") + ")",
+            markup=False,
+            highlight=False,
+        )
+        yield sim.base_url
+
+
+def _run_dir(options: RunOptions, name: str) -> Path:
+    if options.out is not None:
+        return options.out
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    path = Path("reports") / f"{stamp}-{slug(name)}"
+    suffix = 2
+    while path.exists():
+        path = Path("reports") / f"{stamp}-{slug(name)}-{suffix}"
+        suffix += 1
+    return path
+
+
+def _check_out(path: Path) -> None:
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise UsageError(f"--out {path}: exists and is not an empty directory; choose a new path")
+
+
+async def _drive(
+    options: RunOptions,
+    config: SessionConfig,
+    writer: RunWriter,
+    console: Console,
+    live: bool,
+    base_url: str,
+) -> tuple[list[SessionRecord], bool, list[float], float]:
+    concurrency = options.concurrency or options.sessions
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    records: list[SessionRecord] = []
+    progress = LoadProgress(planned=options.sessions)
+    origin = progress.t0
+
+    def on_finish(record: SessionRecord) -> None:
+        records.append(record)
+        writer.append_session(record)
+
+    async with (
+        httpx.AsyncClient(limits=limits, trust_env=False) as client,
+        httpx.AsyncClient(trust_env=False, headers=config.headers) as side_client,
+        anyio.create_task_group() as group,
+    ):
+        scraper = MetricsScraper(side_client, metrics_url(base_url), writer.path / METRICS)
+        group.start_soon(scraper.run, origin)
+        group.start_soon(show_progress, progress, console, live=live)
+
+        def make_session(index: int) -> Session:
+            return Session(index, config, client, keep_raw=writer.write_raw, origin=origin)
+
+        result = await run_load(
+            options.sessions, concurrency, make_session, on_finish, ramp_up=options.ramp_up, progress=progress
+        )
+        group.cancel_scope.cancel()
+    return records, result.interrupted, result.loop_lag_s, result.duration_s
+
+
+def _versions() -> dict[str, str]:
+    return {
+        "repro": __version__,
+        "python": platform.python_version(),
+        "httpx": httpx.__version__,
+    }
+
+
+def execute_run(options: RunOptions, *, console: Console | None = None, live: bool = True) -> RunResult:
+    """Run the whole job; TargetError (exit 3) when the target is unreachable or serves no model."""
+    console = console or Console()
+    loaded = load_workload(options.workload)
+    headers = _headers(options)
+    name = options.name or loaded.workload.name
+    run_dir = _run_dir(options, name)
+    _check_out(run_dir)
+    with contextlib.ExitStack() as stack:
+        if options.base_url is None:
+            # The directory exists before the simulator starts, so its log lands in it.
+            writer = RunWriter(run_dir)
+            stack.callback(writer.close)
+            base_url = stack.enter_context(_embedded_sim(options, run_dir, console))
+            target = resolve_target(base_url, options.model, headers, embedded=True, sim_args=[*EMBEDDED_SIM_ARGS, *options.sim_args])
+        else:
+            base_url = options.base_url
+            target = resolve_target(base_url, options.model, headers, embedded=False, sim_args=[])
+            writer = RunWriter(run_dir)
+            stack.callback(writer.close)
+        manifest = Manifest(
+            name=name,
+            run_id=run_dir.name,
+            command=list(sys.argv),
+            options=options.model_dump(mode="json"),
+            workload=loaded.manifest_entry(),
+            target={
+                "base_url": target.base_url,
+                "model": target.model,
+                "embedded": target.embedded,
+                **({"sim_args": target.sim_args} if target.embedded else {}),
+            },
+            server_info=target.server_info,
+            versions=_versions(),
+            started_at=_utc_now(),
+        )
+        writer.write_manifest(manifest)
+        config = SessionConfig(
+            url=f"{base_url}/chat/completions",
+            model=target.model,
+            workload=loaded.workload,
+            seed=options.seed,
+            stream=options.stream,
+            turns=options.turns,
+            timeout=options.timeout,
+            turn_timeout=options.turn_timeout,
+            stall_timeout=options.stall_timeout,
+            extra_body=options.extra_body,
+            headers=headers,
+        )
+        records, interrupted, lag, duration = anyio.run(_drive, options, config, writer, console, live, base_url)
+    summary = summarize(records, loop_lag_s=lag, duration_s=duration, interrupted=interrupted)
+    exit_code = EXIT_INTERRUPTED if interrupted else EXIT_OK
+    writer.write_summary(summary)
+    writer.write_manifest(manifest.model_copy(update={"ended_at": _utc_now()}))
+    console.print(final_view(summary, run_dir))
+    return RunResult(path=run_dir, summary=summary, exit_code=exit_code)
+

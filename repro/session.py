@@ -1,0 +1,235 @@
+"""One agentic session: the turn loop that sends the conversation, judges each answer and runs its tools.
+
+Knows nothing of concurrency: `load` runs many of these. Outcome rules (design.md, "Outcomes"):
+- `corrupt` as soon as one turn is judged corrupt; evidence wins over a later timeout or error.
+- `error` when a request failed in transport, HTTP or stream format.
+- `timeout` when the session budget or a turn's budget ran out, or a stream stalled (`wedged`).
+- `clean` otherwise, once the session ended normally: a final answer (no tool calls, or the
+  workload's final tool) or the turn limit. The turn limit is the workload's bound on a session,
+  not a failure, so a session that used every turn cleanly is clean with `finished: false`.
+
+A corrupt turn does not end the session: its tool calls (if any parsed) are run, otherwise the
+workload's recovery prompt is sent, so later turns show whether the damage persists.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import httpx
+
+from dsml_checker import check
+from repro import sandbox
+from repro.client import TurnResult, send_turn
+from repro.records import FindingRecord, SessionRecord, TurnRecord
+from repro.workload import Workload
+
+RawKeeper = Callable[[int, int, bytes], str]
+"""(session id, turn index, bytes) → path of the kept bytes relative to the run directory."""
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    """Everything a session needs to talk to the target; shared by all sessions of a run."""
+
+    url: str
+    """The chat-completions endpoint."""
+    model: str
+    workload: Workload
+    seed: int = 0
+    stream: bool = True
+    turns: int = 12
+    timeout: float = 180.0
+    turn_timeout: float = 120.0
+    stall_timeout: float = 30.0
+    extra_body: dict[str, Any] = field(default_factory=dict)
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+def _assistant_message(message: dict[str, Any], turn: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The message to send back as history, and its tool calls with ids and string arguments."""
+    calls: list[dict[str, Any]] = []
+    for position, call in enumerate(message.get("tool_calls") or []):
+        if not isinstance(call, dict):
+            continue
+        function = call.get("function") if isinstance(call.get("function"), dict) else {}
+        arguments = function.get("arguments")
+        calls.append(
+            {
+                "id": str(call.get("id") or f"call_{turn}_{position}"),
+                "type": "function",
+                "function": {
+                    "name": str(function.get("name") or ""),
+                    "arguments": arguments if isinstance(arguments, str) else "{}" if arguments is None else str(arguments),
+                },
+            }
+        )
+    content = message.get("content")
+    history: dict[str, Any] = {"role": "assistant", "content": content if isinstance(content, str) else ""}
+    if calls:
+        history["tool_calls"] = calls
+    return history, calls
+
+
+class Session:
+    """One session's state; `run()` plays it to the end, `interrupted()` records it if it is cut short."""
+
+    def __init__(
+        self,
+        session_id: int,
+        config: SessionConfig,
+        client: httpx.AsyncClient,
+        *,
+        keep_raw: RawKeeper,
+        origin: float,
+        on_turn: Callable[[TurnRecord], None] | None = None,
+    ) -> None:
+        self.session_id = session_id
+        self.config = config
+        self.client = client
+        self.keep_raw = keep_raw
+        self.origin = origin
+        """time.perf_counter() of the run's start; record times are relative to it."""
+        self.on_turn = on_turn
+        workload = config.workload
+        self.task = workload.task_for(session_id, config.seed)
+        self.messages: list[dict[str, Any]] = [
+            {"role": "system", "content": workload.system_prompt},
+            {"role": "user", "content": self.task},
+        ]
+        self.turns: list[TurnRecord] = []
+        self.start_s = self._now()
+        self.turn_start_s = self.start_s
+        self.finished = False
+        self.wedged = False
+        self.error: str | None = None
+        self.failure: str | None = None
+        """The non-corrupt way the session ended early: `error` or `timeout`."""
+        self.rules: list[str] = []
+
+    def _now(self) -> float:
+        return time.perf_counter() - self.origin
+
+    async def run(self) -> SessionRecord:
+        config = self.config
+        deadline = self.start_s + config.timeout
+        for index in range(config.turns):
+            remaining = deadline - self._now()
+            if remaining <= 0:
+                self.failure, self.error = "timeout", f"session budget of {config.timeout:g}s used up"
+                break
+            if not await self._turn(index, min(config.turn_timeout, remaining)):
+                break
+        return self._record(None)
+
+    async def _turn(self, index: int, budget: float) -> bool:
+        """Play one turn; False when the session cannot go on."""
+        config = self.config
+        workload = config.workload
+        payload = {
+            "model": config.model,
+            "messages": self.messages,
+            "tools": workload.openai_tools(),
+            "tool_choice": workload.tool_choice,
+            "max_tokens": workload.max_tokens,
+            "temperature": workload.temperature,
+            **config.extra_body,
+        }
+        start_s = self.turn_start_s = self._now()
+        result = await send_turn(
+            self.client,
+            config.url,
+            payload,
+            stream=config.stream,
+            turn_timeout=budget,
+            stall_timeout=config.stall_timeout,
+            headers=config.headers or None,
+        )
+        record = self._turn_record(index, start_s, result)
+        if result.status != "ok" or result.message is None:
+            self.wedged = self.wedged or result.status == "stalled"
+            self.failure = "error" if result.status == "error" else "timeout"
+            self.error = result.error
+            self._add(record, result)
+            return False
+        verdict = check(result.message, finish_reason=result.finish_reason, tools=workload.openai_tools(), tool_choice=workload.tool_choice)
+        record.verdict = verdict.label
+        record.findings = [FindingRecord.model_validate(finding.to_dict()) for finding in verdict.findings]
+        if verdict.label == "corrupt":
+            for finding in verdict.findings:
+                if finding.severity == "hard" and finding.rule not in self.rules:
+                    self.rules.append(finding.rule)
+        history, calls = _assistant_message(result.message, index)
+        record.tool_calls = [call["function"]["name"] for call in calls]
+        self._add(record, result)
+        self.messages.append(history)
+        for call in calls:
+            output = sandbox.execute(workload, call["function"]["name"], call["function"]["arguments"])
+            self.messages.append({"role": "tool", "tool_call_id": call["id"], "content": output})
+        if any(call["function"]["name"] == workload.final_tool for call in calls):
+            self.finished = True
+            return False
+        if calls:
+            return True
+        if verdict.label == "corrupt":
+            self.messages.append({"role": "user", "content": workload.recovery_prompt})
+            return True
+        self.finished = True
+        return False
+
+    def _turn_record(self, index: int, start_s: float, result: TurnResult) -> TurnRecord:
+        return TurnRecord(
+            index=index,
+            status=result.status,
+            start_s=start_s,
+            queue_s=result.queue_s,
+            ttft_s=result.ttft_s,
+            e2e_s=result.e2e_s,
+            max_gap_s=result.max_gap_s,
+            chunks=result.chunks,
+            http_status=result.http_status,
+            finish_reason=result.finish_reason,
+            prompt_tokens=result.usage_int("prompt_tokens"),
+            completion_tokens=result.usage_int("completion_tokens"),
+            cached_tokens=result.cached_tokens,
+            request_id=result.request_id,
+            error=result.error,
+        )
+
+    def _add(self, record: TurnRecord, result: TurnResult) -> None:
+        if record.verdict != "clean":
+            record.raw_path = self.keep_raw(self.session_id, record.index, result.raw)
+        self.turns.append(record)
+        if self.on_turn is not None:
+            self.on_turn(record)
+
+    def _record(self, cut_short: str | None) -> SessionRecord:
+        corrupt = [turn.index for turn in self.turns if turn.verdict == "corrupt"]
+        if corrupt:
+            outcome = "corrupt"
+        elif cut_short is not None:
+            outcome = cut_short
+        else:
+            outcome = self.failure or "clean"
+        return SessionRecord(
+            session_id=self.session_id,
+            task=self.task,
+            outcome=outcome,
+            wedged=self.wedged,
+            finished=self.finished,
+            start_s=self.start_s,
+            end_s=self._now(),
+            turns=list(self.turns),
+            clean_turns=sum(1 for turn in self.turns if turn.verdict in ("clean", "suspect")),
+            first_corrupt_turn=corrupt[0] if corrupt else None,
+            rules=list(self.rules),
+            error=self.error,
+        )
+
+    def interrupted(self) -> SessionRecord:
+        """The record of a session stopped mid-flight (Ctrl-C): `interrupted`, unless a turn was already corrupt."""
+        in_flight = TurnRecord(index=len(self.turns), status="interrupted", start_s=self.turn_start_s)
+        self.turns.append(in_flight)
+        return self._record("interrupted")

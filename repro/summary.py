@@ -1,0 +1,85 @@
+"""Finished sessions → `records.Summary`: counts, the corruption rate with its intervals, latency percentiles.
+
+Pure: no I/O. The rate's denominator is completed sessions (clean + corrupt); timeouts and errors
+are counted apart and bound the rate from both sides (repro.stats).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from repro.records import OUTCOMES, Percentiles, RateEstimate, SessionRecord, Summary
+from repro.stats import Interval, assess_inconclusive, clopper_pearson, timeout_bounds
+
+MIN_COMPLETED = 20
+"""Fewer completed sessions than this and the run is inconclusive (statistics.md)."""
+
+
+def percentiles(values: Iterable[float | None]) -> Percentiles:
+    data = np.array([value for value in values if value is not None], dtype=float)
+    if data.size == 0:
+        return Percentiles(count=0)
+    p50, p90, p99 = np.percentile(data, [50, 90, 99])
+    return Percentiles(count=int(data.size), p50=float(p50), p90=float(p90), p99=float(p99), max=float(data.max()))
+
+
+def rate(interval: Interval, k: int, n: int) -> RateEstimate:
+    return RateEstimate(
+        k=k,
+        n=n,
+        estimate=interval.estimate,
+        ci_low=interval.low,
+        ci_high=interval.high,
+        method=interval.method,
+        confidence=interval.confidence,
+    )
+
+
+def summarize(
+    sessions: Sequence[SessionRecord],
+    *,
+    loop_lag_s: Sequence[float] = (),
+    duration_s: float = 0.0,
+    interrupted: bool = False,
+    min_completed: int = MIN_COMPLETED,
+) -> Summary:
+    """The summary of a run from its session records."""
+    counts = {outcome: 0 for outcome in OUTCOMES}
+    counts.update(Counter(session.outcome for session in sessions))
+    clean, corrupt, timeout, error = (counts[key] for key in ("clean", "corrupt", "timeout", "error"))
+    completed = clean + corrupt
+    worst, best = timeout_bounds(corrupt, clean, timeout)
+    verdict = assess_inconclusive(clean, corrupt, timeout, error, min_completed=min_completed)
+    reasons = list(verdict.reasons)
+    if interrupted:
+        reasons.append(f"the run was interrupted ({counts['interrupted']} sessions in flight)")
+    turns = [turn for session in sessions for turn in session.turns]
+    turn_counts: Counter[str] = Counter()
+    for turn in turns:
+        turn_counts[turn.verdict if turn.status == "ok" and turn.verdict else turn.status] += 1
+    return Summary(
+        sessions=len(sessions),
+        counts=counts,
+        wedged=sum(1 for session in sessions if session.wedged),
+        corruption_rate=rate(clopper_pearson(corrupt, completed), corrupt, completed),
+        worst_case=rate(worst, corrupt + timeout, completed + timeout),
+        best_case=rate(best, corrupt, completed + timeout),
+        suspect_sessions=sum(1 for s in sessions if any(turn.verdict == "suspect" for turn in s.turns)),
+        inconclusive=verdict.inconclusive or interrupted,
+        inconclusive_reasons=reasons,
+        turns=len(turns),
+        turn_counts=dict(turn_counts),
+        latency={
+            "ttft_s": percentiles(turn.ttft_s for turn in turns),
+            "e2e_s": percentiles(turn.e2e_s for turn in turns),
+            "queue_s": percentiles(turn.queue_s for turn in turns if turn.status != "interrupted"),
+            "max_gap_s": percentiles(turn.max_gap_s for turn in turns),
+            "session_s": percentiles(s.end_s - s.start_s for s in sessions),
+        },
+        loop_lag=percentiles(loop_lag_s) if loop_lag_s else None,
+        duration_s=duration_s,
+        interrupted=interrupted,
+    )

@@ -1,0 +1,176 @@
+"""Workload files: an agentic scenario (system prompt, tools, tasks, sandbox sizes) as a validated model.
+
+A workload is YAML in `experiments/`. `repro/workloads` is a symlink to that directory and
+pyproject's package-data ships `repro/workloads/*.yaml`, so there is one copy of each file and an
+installed `repro` finds the default outside a clone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from repro.errors import UsageError, describe_validation_error
+
+DEFAULT_WORKLOAD = "agentic_coding.yaml"
+
+
+class _Strict(BaseModel):
+    # A misspelt key in a workload must be an error, not a silently ignored setting.
+    model_config = ConfigDict(extra="forbid")
+
+
+class FunctionSpec(_Strict):
+    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_\-]{0,63}$")
+    description: str = ""
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+
+
+class ToolSpec(_Strict):
+    """One OpenAI `tools` entry; `kind` names the sandbox behaviour that answers it."""
+
+    type: Literal["function"] = "function"
+    function: FunctionSpec
+    kind: Literal["read_file", "grep", "list_dir", "edit_file", "run_tests", "finish", "echo"] | None = None
+    """Sandbox behaviour; defaults to the function's name when that is a known kind, else `echo`."""
+
+    def openai(self) -> dict[str, Any]:
+        return {"type": "function", "function": self.function.model_dump()}
+
+    @property
+    def behaviour(self) -> str:
+        if self.kind is not None:
+            return self.kind
+        known = {"read_file", "grep", "list_dir", "edit_file", "run_tests", "finish"}
+        return self.function.name if self.function.name in known else "echo"
+
+
+class SandboxSizes(_Strict):
+    """How big the deterministic tool results are: this is what makes the context grow turn by turn."""
+
+    file_lines: int = Field(default=120, ge=1, le=100_000)
+    line_width: int = Field(default=72, ge=8, le=1_000)
+    grep_matches: int = Field(default=12, ge=0, le=10_000)
+    list_entries: int = Field(default=24, ge=0, le=10_000)
+    test_output_lines: int = Field(default=30, ge=0, le=100_000)
+
+
+class Workload(_Strict):
+    name: str = Field(min_length=1)
+    description: str = ""
+    system_prompt: str = Field(min_length=1)
+    """Shared by every session: the common prefix that prefix caching and HiCache reuse."""
+    tools: list[ToolSpec] = Field(min_length=1)
+    tool_choice: Literal["auto", "required", "none"] = "auto"
+    tasks: list[str] = Field(min_length=1)
+    """Session i works on tasks[i % len(tasks)]; its first user message also carries a unique ticket."""
+    recovery_prompt: str = "Your last reply contained no usable tool call. Continue the task with a tool call."
+    """Sent after a turn that brought neither tool calls nor a usable final answer, so the session goes on."""
+    final_tool: str | None = "finish"
+    """Calling this tool ends the session as finished."""
+    max_tokens: int = Field(default=1024, ge=1)
+    temperature: float = Field(default=0.0, ge=0.0, le=2.0)
+    sandbox: SandboxSizes = Field(default_factory=SandboxSizes)
+
+    @field_validator("tools")
+    @classmethod
+    def _unique_names(cls, tools: list[ToolSpec]) -> list[ToolSpec]:
+        names = [tool.function.name for tool in tools]
+        duplicates = sorted({name for name in names if names.count(name) > 1})
+        if duplicates:
+            raise ValueError(f"duplicate tool name(s): {', '.join(duplicates)}")
+        return tools
+
+    @model_validator(mode="after")
+    def _final_tool_exists(self) -> "Workload":
+        if self.final_tool is not None and self.final_tool not in self.tool_names():
+            raise ValueError(f"final_tool {self.final_tool!r} is not one of the tools")
+        return self
+
+    def tool_names(self) -> list[str]:
+        return [tool.function.name for tool in self.tools]
+
+    def openai_tools(self) -> list[dict[str, Any]]:
+        return [tool.openai() for tool in self.tools]
+
+    def tool(self, name: str) -> ToolSpec | None:
+        return next((tool for tool in self.tools if tool.function.name == name), None)
+
+    def task_for(self, session_id: int, seed: int) -> str:
+        """The session's task text: unique per session, so the server sees distinct conversations."""
+        base = self.tasks[session_id % len(self.tasks)]
+        return f"{base}\n\nTicket: REPRO-{seed}-{session_id:04d}"
+
+
+@dataclass(frozen=True)
+class LoadedWorkload:
+    workload: Workload
+    path: str
+    sha256: str
+
+    def manifest_entry(self) -> dict[str, Any]:
+        return {"name": self.workload.name, "path": self.path, "sha256": self.sha256}
+
+
+def _line_map(text: str) -> dict[tuple, int]:
+    """Field path → 1-based line, from the YAML node tree, so errors can name the line."""
+    lines: dict[tuple, int] = {}
+
+    def walk(node: yaml.Node, path: tuple) -> None:
+        lines[path] = node.start_mark.line + 1
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                walk(value, path + (key.value,))
+        elif isinstance(node, yaml.SequenceNode):
+            for index, item in enumerate(node.value):
+                walk(item, path + (index,))
+
+    try:
+        root = yaml.compose(text)
+    except yaml.YAMLError:
+        return lines
+    if root is not None:
+        walk(root, ())
+    return lines
+
+
+def parse_workload(text: str, *, source: str) -> Workload:
+    """Validate workload YAML; a UsageError names the file, line and field of the first problem."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"{source}:{mark.line + 1}" if mark is not None else source
+        raise UsageError(f"{where}: not valid YAML: {getattr(err, 'problem', None) or err}") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"{source}: a workload must be a YAML mapping")
+    try:
+        return Workload.model_validate(data)
+    except ValidationError as err:
+        raise UsageError(describe_validation_error(err, source=source, lines=_line_map(text))) from None
+
+
+def load_workload(path: str | Path | None = None) -> LoadedWorkload:
+    """Read a workload file, or the packaged default when `path` is None."""
+    if path is None:
+        data = resources.files("repro").joinpath("workloads", DEFAULT_WORKLOAD).read_bytes()
+        source = f"repro/workloads/{DEFAULT_WORKLOAD}"
+    else:
+        file = Path(path)
+        try:
+            data = file.read_bytes()
+        except OSError as err:
+            raise UsageError(f"--workload {file}: cannot read: {err.strerror or err}") from None
+        source = str(file)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise UsageError(f"{source}: not UTF-8 text") from None
+    workload = parse_workload(text, source=source)
+    return LoadedWorkload(workload=workload, path=source, sha256=hashlib.sha256(data).hexdigest())
