@@ -1,0 +1,413 @@
+"""The matrix spec: a validated model of the YAML file, and its loader that names the field and line of
+any error.
+
+Strings in deployments and levels may use `${name}` variables: those declared under `variables:`
+(overridable with `--var name=value`; the value `auto` means a fresh free port for every cell) and the
+built-ins of BUILTIN_VARIABLES.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import string
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from repro.errors import UsageError, describe_validation_error
+
+BUILTIN_VARIABLES = ("python", "flags", "cell", "replicate", "run_seed", "log_dir")
+"""Set by the harness per cell: the Python running repro, the cell's shell-quoted flags, the cell name,
+the replicate number, a per-run seed (design seed, cell and replicate), and the cell's log directory."""
+
+AUTO = "auto"
+"""A variable with this value gets a fresh free port for every cell."""
+
+LOAD_SET_BY_MATRIX = ("base_url", "out")
+"""`repro run` options the matrix sets per cell; a spec must not set them."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+def _split_flags(value: Any) -> Any:
+    return shlex.split(value) if isinstance(value, str) else value
+
+
+class Level(_Model):
+    """One level of a factor: what it changes in the deployment and what `/server_info` must then show."""
+
+    flags: list[str] = Field(default_factory=list)
+    """Server flags added to every process that takes feature flags (a string is split like a shell)."""
+    env: dict[str, str] = Field(default_factory=dict)
+    vars: dict[str, str] = Field(default_factory=dict)
+    """Variables this level sets, e.g. a patched `image`."""
+    command: str | None = None
+    """Replaces the command of the processes this level applies to (a patched build)."""
+    deployment: str | None = None
+    """Selects one of the spec's named `deployments` (e.g. a PD topology)."""
+    processes: list[str] | None = None
+    """The processes this level's flags, env and command apply to; default every feature process."""
+    confirm: dict[str, Any] = Field(default_factory=dict)
+    """Keys `/server_info` must show on every process this level applies to (dotted paths allowed)."""
+
+    _split = field_validator("flags", mode="before")(_split_flags)
+
+
+class Factor(_Model):
+    label: str | None = None
+    """How reports name the factor (default: its key)."""
+    levels: dict[str, Level | None] = Field(min_length=2)
+    """In order; the first is the baseline unless `design.baseline` says otherwise. An empty level is allowed."""
+
+    @field_validator("levels")
+    @classmethod
+    def _empty_levels(cls, value: dict[str, Level | None]) -> dict[str, Level | None]:
+        return {name: level or Level() for name, level in value.items()}
+
+    def level(self, name: str) -> Level:
+        level = self.levels[name]
+        assert level is not None
+        return level
+
+
+class Readiness(_Model):
+    timeout: float = Field(1800.0, gt=0)
+    """Seconds to wait for every process (cold starts of real servers take many minutes)."""
+    interval: float = Field(5.0, gt=0)
+
+
+class ProcessSpec(_Model):
+    """One launched process of a deployment."""
+
+    name: str = Field(min_length=1)
+    command: str = Field(min_length=1)
+    port: str | int | None = None
+    """Used for the default URLs; may be a `${variable}`."""
+    ready_url: str | None = None
+    """Default `http://127.0.0.1:<port>/health`."""
+    info_url: str | None = None
+    """Where to read the configuration; default `http://127.0.0.1:<port>/server_info`; empty to skip."""
+    env: dict[str, str] = Field(default_factory=dict)
+    features: bool = True
+    """Whether factor levels apply here (false for a router)."""
+    confirm: dict[str, Any] = Field(default_factory=dict)
+    """Keys `/server_info` must show on this process in every cell (e.g. disaggregation_mode: prefill)."""
+
+
+class ExternalSpec(_Model):
+    """A deployment the harness does not start: hooks set each cell up and tear it down."""
+
+    setup: str = Field(min_length=1)
+    """Shell command run before each cell; the cell's flags are in `${flags}` and in REPRO_FLAGS."""
+    teardown: str = Field(min_length=1)
+    hook_timeout: float = Field(1800.0, gt=0)
+    url: str
+    ready_url: str | None = None
+    info_url: str | None = None
+
+
+class Deployment(_Model):
+    """How to launch one cell: one `command`, several `processes`, or `external` hooks."""
+
+    command: str | None = None
+    port: str | int | None = None
+    ready_url: str | None = None
+    info_url: str | None = None
+    processes: list[ProcessSpec] | None = None
+    external: ExternalSpec | None = None
+    url: str | None = None
+    """Base URL the load goes to (without /v1); default the last process's port."""
+    env: dict[str, str] = Field(default_factory=dict)
+    ready: Readiness = Field(default_factory=Readiness)
+    stop_timeout: float = Field(30.0, gt=0)
+    """Seconds between SIGTERM and SIGKILL at teardown."""
+
+    @model_validator(mode="after")
+    def _one_form(self) -> "Deployment":
+        forms = [name for name in ("command", "processes", "external") if getattr(self, name) is not None]
+        if len(forms) != 1:
+            raise ValueError(f"give exactly one of command, processes, external (got {forms or 'none'})")
+        if self.processes is not None:
+            names = [p.name for p in self.processes]
+            if len(set(names)) != len(names):
+                raise ValueError(f"process names must be unique, got {names}")
+            if not self.processes:
+                raise ValueError("processes must list at least one process")
+        return self
+
+    def process_specs(self) -> list[ProcessSpec]:
+        """The launched processes (none for external); a single `command` is one process named server."""
+        if self.command is not None:
+            return [
+                ProcessSpec(
+                    name="server", command=self.command, port=self.port, ready_url=self.ready_url, info_url=self.info_url
+                )
+            ]
+        return list(self.processes or [])
+
+
+Correction = Literal["holm", "fdr_bh", "none"]
+
+
+class DesignSpec(_Model):
+    type: Literal["full", "half", "list"] = "full"
+    cells: list[dict[str, str]] | None = None
+    """For `type: list`: each cell as {factor: level}."""
+    replicates: int = Field(1, ge=1)
+    seed: int = 0
+    """Seeds the run order (and the per-run `${run_seed}`)."""
+    baseline: dict[str, str] | None = None
+    """The reference level per factor; default each factor's first level."""
+    alpha: float = Field(0.05, gt=0, lt=1)
+    correction: Correction = "holm"
+    min_completed: int = Field(20, ge=0)
+    """Completed sessions per arm below which a factor's verdict is inconclusive."""
+    max_timeout_fraction: float = Field(0.2, ge=0, le=1)
+    detect: float = Field(0.10, gt=0, lt=1)
+    """The difference in corruption rate whose power a "no detectable effect" verdict states."""
+
+
+class MatrixSpec(_Model):
+    name: str = Field(min_length=1)
+    variables: dict[str, str | int | float] = Field(default_factory=dict)
+    factors: dict[str, Factor] = Field(min_length=1)
+    deployment: Deployment | None = None
+    deployments: dict[str, Deployment] | None = None
+    """Named deployments that factor levels select; the first is used when no level selects one."""
+    load: dict[str, Any] = Field(default_factory=dict)
+    """The options of `repro run` (without base_url and out, which the matrix sets per cell)."""
+    design: DesignSpec = Field(default_factory=DesignSpec)
+
+    @field_validator("variables")
+    @classmethod
+    def _variable_names(cls, value: dict[str, Any]) -> dict[str, str]:
+        for name in value:
+            if not name.isidentifier():
+                raise ValueError(f"variable name {name!r} is not an identifier")
+            if name in BUILTIN_VARIABLES:
+                raise ValueError(f"variable {name!r} is set by the harness; choose another name")
+        return {name: str(v) for name, v in value.items()}
+
+    @field_validator("load")
+    @classmethod
+    def _load_fields(cls, value: dict[str, Any]) -> dict[str, Any]:
+        for key in LOAD_SET_BY_MATRIX:
+            if key in value:
+                raise ValueError(f"{key} is set by the matrix per cell; remove it from load")
+        return value
+
+    def problems(self) -> list[tuple[tuple, str]]:
+        """Cross-field mistakes, each with the `loc` of the field at fault (for its line in the file)."""
+        found: list[tuple[tuple, str]] = []
+        if (self.deployment is None) == (self.deployments is None):
+            found.append(((), "give exactly one of deployment, deployments"))
+            return found
+        deployments = self.named_deployments()
+        if not deployments:
+            found.append((("deployments",), "name at least one deployment"))
+        processes = {p.name for d in deployments.values() for p in d.process_specs()}
+        for fname, factor in self.factors.items():
+            for lname, level in factor.levels.items():
+                assert level is not None
+                where = ("factors", fname, "levels", lname)
+                if level.deployment is not None and level.deployment not in deployments:
+                    found.append(
+                        ((*where, "deployment"), f"no deployment named {level.deployment!r} (have {sorted(deployments)})")
+                    )
+                unknown = sorted(set(level.processes or ()) - processes)
+                if unknown:
+                    found.append(((*where, "processes"), f"no process named {unknown[0]!r}"))
+        found += self._design_problems()
+        found += self._variable_problems()
+        return found
+
+    def _design_problems(self) -> list[tuple[tuple, str]]:
+        design = self.design
+        found = self._level_problems(("design", "baseline"), design.baseline or {}, complete=False)
+        if design.type == "list":
+            if not design.cells:
+                found.append((("design", "type"), "a `list` design needs design.cells"))
+            for index, cell in enumerate(design.cells or []):
+                found += self._level_problems(("design", "cells", index), cell, complete=True)
+        elif design.cells is not None:
+            found.append((("design", "cells"), "only a `list` design takes cells"))
+        if design.type == "half":
+            many = [f for f, factor in self.factors.items() if len(factor.levels) != 2]
+            if len(self.factors) < 3:
+                found.append((("design", "type"), "a half fraction needs at least 3 factors"))
+            elif many:
+                found.append((("design", "type"), f"a half fraction needs two-level factors; {many[0]!r} has more"))
+        return found
+
+    def _level_problems(self, where: tuple, cell: dict[str, str], *, complete: bool) -> list[tuple[tuple, str]]:
+        found: list[tuple[tuple, str]] = []
+        for factor, level in cell.items():
+            if factor not in self.factors:
+                found.append(((*where, factor), f"no factor named {factor!r}"))
+            elif level not in self.factors[factor].levels:
+                found.append(((*where, factor), f"factor {factor!r} has no level {level!r}"))
+        missing = [f for f in self.factors if f not in cell]
+        if complete and missing:
+            found.append((where, f"no level given for factor {missing[0]!r}"))
+        return found
+
+    def _variable_problems(self) -> list[tuple[tuple, str]]:
+        known = set(self.variables) | set(BUILTIN_VARIABLES)
+        for factor in self.factors.values():
+            for level in factor.levels.values():
+                assert level is not None
+                known |= set(level.vars)
+        found: list[tuple[tuple, str]] = []
+        for where, text in self._templates():
+            template = string.Template(text)
+            if not template.is_valid():
+                found.append((where, f"malformed ${{...}} in {text!r}"))
+                continue
+            unknown = sorted(set(template.get_identifiers()) - known)
+            if unknown:
+                found.append((where, f"unknown variable {unknown[0]!r} (declare it under variables)"))
+        return found
+
+    def _templates(self) -> list[tuple[tuple, str]]:
+        found: list[tuple[tuple, str]] = []
+
+        def add(where: tuple, value: object) -> None:
+            if isinstance(value, str):
+                found.append((where, value))
+            elif isinstance(value, dict):
+                for key, item in value.items():
+                    add((*where, key), item)
+            elif isinstance(value, list):
+                for index, item in enumerate(value):
+                    add((*where, index), item)
+
+        if self.deployment is not None:
+            add(("deployment",), self.deployment.model_dump(exclude_none=True, exclude_defaults=True))
+        for name, deployment in (self.deployments or {}).items():
+            add(("deployments", name), deployment.model_dump(exclude_none=True, exclude_defaults=True))
+        for fname, factor in self.factors.items():
+            for lname, level in factor.levels.items():
+                assert level is not None
+                add(("factors", fname, "levels", lname), level.model_dump(exclude={"confirm"}, exclude_none=True))
+        return found
+
+    def named_deployments(self) -> dict[str, Deployment]:
+        if self.deployment is not None:
+            return {"default": self.deployment}
+        return dict(self.deployments or {})
+
+    def baseline(self) -> dict[str, str]:
+        """The reference level of every factor."""
+        chosen = self.design.baseline or {}
+        return {name: chosen.get(name, next(iter(factor.levels))) for name, factor in self.factors.items()}
+
+    def label(self, factor: str) -> str:
+        return self.factors[factor].label or factor
+
+
+class _SpecLoader(yaml.SafeLoader):
+    """YAML 1.2 booleans: only true/false. Under YAML 1.1 a level named `off` or `on` would silently
+    become a boolean key."""
+
+
+_SpecLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_SpecLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+)
+
+
+def line_map(text: str) -> dict[tuple, int]:
+    """1-based line of every mapping key and sequence item of a YAML document, by its pydantic `loc`."""
+    lines: dict[tuple, int] = {}
+    root = yaml.compose(text, Loader=_SpecLoader)
+
+    def walk(node: yaml.Node, loc: tuple) -> None:
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                child = (*loc, key.value)
+                lines[child] = key.start_mark.line + 1
+                walk(value, child)
+        elif isinstance(node, yaml.SequenceNode):
+            for index, item in enumerate(node.value):
+                child = (*loc, index)
+                lines[child] = item.start_mark.line + 1
+                walk(item, child)
+
+    if root is not None:
+        lines[()] = root.start_mark.line + 1
+        walk(root, ())
+    return lines
+
+
+def parse_assignments(items: list[str]) -> dict[str, str]:
+    """`--var name=value` options into a dict; UsageError on a malformed one."""
+    result: dict[str, str] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip().isidentifier():
+            raise UsageError(f"--var {item!r}: expected NAME=VALUE")
+        result[name.strip()] = value
+    return result
+
+
+def load_spec(path: Path | str, overrides: dict[str, str] | None = None) -> MatrixSpec:
+    """Read and validate a matrix spec; `overrides` replace declared variables (from `--var`)."""
+    source = Path(path)
+    try:
+        text = source.read_text(encoding="utf-8")
+    except OSError as err:
+        raise UsageError(f"{source}: cannot read matrix spec: {err.strerror or err}") from None
+    try:
+        data = yaml.load(text, Loader=_SpecLoader)  # noqa: S506 - a SafeLoader subclass
+        lines = line_map(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"{source}:{mark.line + 1}" if mark is not None else str(source)
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise UsageError(f"{where}: not valid YAML: {problem}") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"{source}: a matrix spec is a YAML mapping (name, factors, deployment, load, design)")
+    try:
+        spec = MatrixSpec.model_validate(data)
+    except ValidationError as err:
+        raise UsageError(describe_validation_error(err, source=str(source), lines=lines)) from None
+    problems = spec.problems()
+    if problems:
+        loc, message = problems[0]
+        raise UsageError(f"{_where(source, lines, loc)}: {'.'.join(map(str, loc)) or '(top level)'}: {message}")
+    _validate_load(spec, source, lines)
+    if overrides:
+        unknown = sorted(set(overrides) - set(spec.variables))
+        if unknown:
+            raise UsageError(
+                f"--var {unknown[0]}: not a variable of {source} (declared: {', '.join(spec.variables) or 'none'})"
+            )
+        spec = spec.model_copy(update={"variables": {**spec.variables, **overrides}})
+    return spec
+
+
+def _where(source: Path, lines: dict[tuple, int], loc: tuple) -> str:
+    for cut in range(len(loc), -1, -1):
+        if loc[:cut] in lines:
+            return f"{source}:{lines[loc[:cut]]}"
+    return str(source)
+
+
+def _validate_load(spec: MatrixSpec, source: Path, lines: dict[tuple, int]) -> None:
+    from repro.runner import RunOptions  # the load layer; imported here so the spec stays light to import
+
+    try:
+        RunOptions.model_validate({**spec.load, "base_url": "http://127.0.0.1:1/v1"})
+    except ValidationError as err:
+        shifted = {loc[1:]: line for loc, line in lines.items() if loc[:1] == ("load",)}
+        message = describe_validation_error(err, source=str(source), lines=shifted)
+        where, _, rest = message.partition(": ")
+        raise UsageError(f"{where}: load.{rest}") from None
