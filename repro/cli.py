@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import sys
+from pathlib import Path
 
 import typer
 
 from repro import __version__
-from repro.errors import EXIT_INTERRUPTED, ReproError
+from repro.errors import EXIT_INTERRUPTED, ReproError, UsageError
 
 app = typer.Typer(
     name="repro",
@@ -31,6 +33,114 @@ def _root(
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
 ) -> None:
     pass
+
+
+@app.command("report")
+def report_command(
+    run_dirs: list[Path] = typer.Argument(..., help="Run directories; the first is the reference for comparisons."),
+    output: Path | None = typer.Option(
+        None, "--output", "-o", help="HTML file to write (default with one run: RUN_DIR/report.html)."
+    ),
+    markdown: Path | None = typer.Option(None, "--markdown", help="Also write a Markdown summary here."),
+    junit: Path | None = typer.Option(None, "--junit", help="Also write JUnit XML here."),
+    confidence: float = typer.Option(0.95, "--confidence", help="Confidence level of every interval."),
+) -> None:
+    """Render one self-contained HTML report (and Markdown / JUnit summaries) from run directories."""
+    from repro.report import render_report
+
+    if output is None:
+        if len(run_dirs) != 1:
+            raise UsageError("report: --output is required with several run directories")
+        output = run_dirs[0] / "report.html"
+    result = render_report(run_dirs, output, markdown=markdown, junit=junit, confidence=confidence)
+    step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if step_summary:
+        try:
+            with open(step_summary, "a", encoding="utf-8") as fh:
+                fh.write(result.markdown_text)
+        except OSError as err:
+            raise UsageError(f"GITHUB_STEP_SUMMARY {step_summary}: cannot append ({err.strerror or err})") from None
+    for path in (result.html, result.markdown, result.junit):
+        if path is not None:
+            typer.echo(f"report: wrote {path}")
+
+
+@app.command("gate")
+def gate_command(
+    run_dir: Path = typer.Argument(..., help="The run directory to judge."),
+    max_corruption_rate: float = typer.Option(
+        ..., "--max-corruption-rate", help="Tolerated corruption rate (0 means none may be observed)."
+    ),
+    confidence: float = typer.Option(0.95, "--confidence", help="Confidence of the one-sided bounds and tests."),
+    baseline: Path | None = typer.Option(None, "--baseline", help="Fail on a significant increase over this run."),
+    max_timeout_rate: float | None = typer.Option(
+        None, "--max-timeout-rate", help="Inconclusive above this share of timed-out sessions (default 0.2)."
+    ),
+    min_completed: int = typer.Option(20, "--min-completed", help="Inconclusive below this many completed sessions."),
+    junit: Path | None = typer.Option(None, "--junit", help="Also write the checks as JUnit XML here."),
+) -> None:
+    """Exit 0 (pass), 1 (corruption shown above the limit or the baseline) or 125 (inconclusive)."""
+    from repro.gate import evaluate, write_junit
+
+    result = evaluate(
+        run_dir,
+        max_corruption_rate=max_corruption_rate,
+        confidence=confidence,
+        baseline=baseline,
+        max_timeout_rate=max_timeout_rate,
+        min_completed=min_completed,
+    )
+    for check in result.checks:
+        typer.echo(check.line)
+    if junit is not None:
+        write_junit(result, run_dir, junit)
+    typer.echo(f"gate: {result.status.upper()} (exit {result.exit_code})")
+    raise typer.Exit(result.exit_code)
+
+
+@app.command("run")
+def run_command(
+    base_url: str | None = typer.Option(None, "--base-url", help="OpenAI base URL (…/v1); none: the embedded simulator."),
+    model: str | None = typer.Option(None, "--model", help="Model name (default: the first of /v1/models)."),
+    api_key_env: str | None = typer.Option(None, "--api-key-env", help="Environment variable holding the API key."),
+    sessions: int | None = typer.Option(None, "--sessions", help="Number of sessions [60]."),
+    concurrency: int | None = typer.Option(None, "--concurrency", help="Sessions at once [all]."),
+    ramp_up: float | None = typer.Option(None, "--ramp-up", help="Spread session starts over SECONDS [0]."),
+    turns: int | None = typer.Option(None, "--turns", help="Maximum turns per session [12]."),
+    timeout: float | None = typer.Option(None, "--timeout", help="Whole-session budget, seconds [180]."),
+    turn_timeout: float | None = typer.Option(None, "--turn-timeout", help="One request's budget, seconds [120]."),
+    stall_timeout: float | None = typer.Option(None, "--stall-timeout", help="No bytes this long: wedged [30]."),
+    workload: Path | None = typer.Option(None, "--workload", help="Workload YAML [experiments/agentic_coding.yaml]."),
+    seed: int | None = typer.Option(None, "--seed", help="Seed of the session tasks [0]."),
+    name: str | None = typer.Option(None, "--name", help="Run name [the workload's]."),
+    out: Path | None = typer.Option(None, "--out", help="Run directory [reports/<timestamp>-<name>/]."),
+    stream: bool | None = typer.Option(None, "--stream/--no-stream", help="Stream responses [stream]."),
+    extra_body: str | None = typer.Option(None, "--extra-body", help="JSON object merged into every request."),
+    sim_args: str | None = typer.Option(None, "--sim-args", help="More flags for the embedded simulator."),
+    max_corruption_rate: float | None = typer.Option(
+        None, "--max-corruption-rate", help="Gate the run: exit 1 unless the rate is shown below this."
+    ),
+    config: Path | None = typer.Option(None, "--config", help="YAML file of these options; the command line wins."),
+) -> None:
+    """Drive a deployment with concurrent agentic sessions and classify each as clean, corrupt, timeout or error."""
+    overrides = {key: value for key, value in locals().items() if key != "config"}
+    from repro.runner import RunOptions, execute_run
+
+    result = execute_run(RunOptions.from_sources(config, overrides))
+    raise typer.Exit(result.exit_code)
+
+
+@sim_app.command(
+    "serve",
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []},
+    add_help_option=False,
+)
+def sim_serve(ctx: typer.Context) -> None:
+    """Serve the DeepSeek-V4 SGLang simulator (flags with SGLang's names; --help lists them)."""
+    from repro.sim.config import parse_flags
+    from repro.sim.server import serve
+
+    serve(parse_flags(ctx.args))
 
 
 def main() -> None:

@@ -1,0 +1,69 @@
+"""`repro report`: run directories → one self-contained HTML report, plus Markdown and JUnit summaries.
+
+Reads run directories only through `repro.store.load_run`; statistics come from `repro.stats`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import matplotlib.pyplot as plt
+
+from repro.errors import UsageError
+from repro.report import plots
+from repro.report.html import render_html
+from repro.report.junit import render_junit
+from repro.report.markdown import render_markdown
+from repro.report.model import ReportModel, build_model
+
+__all__ = ["ReportResult", "render_report"]
+
+
+@dataclass(frozen=True)
+class ReportResult:
+    html: Path
+    markdown: Path | None
+    junit: Path | None
+    markdown_text: str
+    """The Markdown summary, also when no file was asked for (the CLI sends it to $GITHUB_STEP_SUMMARY)."""
+    model: ReportModel
+
+
+def _plots(model: ReportModel) -> list[plots.Plot]:
+    # Run names and metric labels are data, not TeX: "$" must not switch matplotlib into mathtext.
+    with plt.rc_context({"text.parse_math": False}):
+        drawn = [plots.outcomes_plot(model.runs), plots.latency_plot(model.runs)]
+        drawn += [plots.timeline_plot(run) for run in model.runs]
+        drawn.append(plots.turn_index_plot(model.runs))
+        drawn += [plots.metrics_plot(run, run.metrics) for run in model.runs if run.metrics is not None]
+    return [p for p in drawn if p is not None]
+
+
+def _write(path: Path, text: str, what: str) -> None:
+    try:
+        Path(path).write_text(text, encoding="utf-8")
+    except OSError as err:
+        raise UsageError(f"{what} {path}: cannot write ({err.strerror or err})") from None
+
+
+def render_report(
+    run_dirs: Sequence[Path],
+    output: Path,
+    *,
+    markdown: Path | None = None,
+    junit: Path | None = None,
+    confidence: float = 0.95,
+) -> ReportResult:
+    """Write the HTML report of one or more runs to `output` (and the Markdown and JUnit files when asked)."""
+    if not run_dirs:
+        raise UsageError("report: give at least one run directory")
+    model = build_model([Path(p) for p in run_dirs], confidence=confidence)
+    _write(output, render_html(model, _plots(model)), "--output")
+    markdown_text = render_markdown(model)
+    if markdown is not None:
+        _write(markdown, markdown_text, "--markdown")
+    if junit is not None:
+        _write(junit, render_junit(model), "--junit")
+    return ReportResult(Path(output), markdown, junit, markdown_text, model)

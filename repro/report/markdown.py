@@ -1,0 +1,70 @@
+"""The Markdown summary: verdicts, the outcome table, comparisons and gate checks, sized for a GitHub job summary.
+
+GitHub renders some inline HTML in job summaries, so every text that came from a run (names, rule ids,
+gate lines) goes through `md_escape` first.
+"""
+
+from __future__ import annotations
+
+import re
+
+from repro.report.model import ReportModel, fmt_conf, fmt_pct, fmt_points, fmt_range
+
+# Only what acts mid-line: emphasis, code, links, tables, strikethrough, @mentions and #issue links.
+_SPECIAL = re.compile(r"([\\`*_\[\]|~@#])")
+_ICON = {"corrupt": "🔴", "clean": "🟢", "inconclusive": "🟠"}
+
+
+def md_escape(text: object) -> str:
+    """Text safe in a Markdown table cell: no HTML, no Markdown syntax, no line breaks."""
+    value = str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return _SPECIAL.sub(r"\\\1", re.sub(r"\s+", " ", value))
+
+
+def render_markdown(model: ReportModel) -> str:
+    conf = fmt_conf(model.confidence)
+    lines = ["## repro: tool-call corruption report", ""]
+    for run in model.runs:
+        lines.append(f"{_ICON[run.verdict.kind]} **{md_escape(run.name)}**: {md_escape(run.verdict.headline)}")
+        lines.extend(f"  - {md_escape(detail)}" for detail in run.verdict.details)
+        lines.append("")
+    lines += [
+        f"| run | sessions | clean | corrupt | timeout | error | wedged | corruption rate | {conf} CI | upper bound |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for run in model.runs:
+        c = run.counts
+        lines.append(
+            f"| {md_escape(run.name)} | {c.total} | {c.clean} | {c.corrupt} | {c.timeout} | {c.error} | {c.wedged} "
+            f"| {c.corrupt}/{c.completed} = {fmt_pct(run.rate.estimate)} | {fmt_range(run.rate.low, run.rate.high)} "
+            f"| {fmt_pct(run.upper)} |"
+        )
+    if model.comparisons:
+        lines += [
+            "",
+            f"Against **{md_escape(model.comparisons[0].reference)}** (two-sided, Holm-adjusted):",
+            "",
+            "| run | rate | reference | difference | Boschloo p | Fisher p | Holm p |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        for row in model.comparisons:
+            r = row.result
+            lines.append(
+                f"| {md_escape(row.name)} | {row.k1}/{row.n1} | {row.k2}/{row.n2} "
+                f"| {fmt_points(r.difference)} [{fmt_points(r.diff_low)}, {fmt_points(r.diff_high)}] "
+                f"| {r.p_boschloo:.2g} | {r.p_fisher:.2g} | {row.p_holm:.2g} |"
+            )
+    for run in model.runs:
+        checks = (run.gate or {}).get("checks")
+        if isinstance(checks, list):
+            lines += ["", f"Gate for **{md_escape(run.name)}**:", ""]
+            lines.extend(f"- {md_escape(c.get('line', c))}" for c in checks if isinstance(c, dict))
+    for run in model.runs:
+        corrupt = run.corrupt_sessions
+        if corrupt:
+            rules = sorted({rule for s in corrupt for rule in s.rules})
+            lines += ["", f"Corrupt sessions in **{md_escape(run.name)}**: "
+                      f"{', '.join(str(s.session_id) for s in corrupt[:20])}{' …' if len(corrupt) > 20 else ''}; "
+                      f"rules {', '.join('`' + md_escape(r).replace('`', '') + '`' for r in rules)}"]
+    lines += ["", "The HTML report has the plots and the offending text of every corrupt session."]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,396 @@
+"""Run directories → the report's view model: counts, intervals, verdicts, comparisons and drill-downs.
+
+Everything here is computed from what `repro.store.load_run` returns (sessions.jsonl is the source of
+truth, so a run that crashed before writing summary.json still gets a report); the statistics come
+from `repro.stats`. Templates only format what this module decided.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Literal, Sequence
+
+import pandas as pd
+
+from repro.records import SessionRecord, TurnRecord
+from repro.report.raw import RawExcerpt, read_raw, response_fields
+from repro.stats import Comparison, Inconclusive, Interval, assess_inconclusive, clopper_pearson, compare, holm
+from repro.stats import timeout_bounds, upper_bound
+from repro.store import METRICS, Run, load_run
+
+VerdictKind = Literal["corrupt", "clean", "inconclusive"]
+
+DEFAULT_MIN_COMPLETED = 20
+DEFAULT_MAX_TIMEOUT_RATE = 0.2
+CONTEXT_CHARS = 240
+"""Characters of model output shown on each side of an offending span."""
+
+
+def fmt_pct(x: float | None) -> str:
+    """A rate as a reviewer reads it: 19%, 4.9%, 0.13%; an em dash when there is no estimate."""
+    if x is None:
+        return "—"
+    value = 100.0 * x
+    if value == 0.0 or value >= 10.0:
+        return f"{value:.0f}%"
+    if value >= 0.1:
+        return f"{value:.1f}%"
+    return f"{value:.2g}%"
+
+
+def fmt_range(low: float, high: float) -> str:
+    """An interval with one percent sign: 10–31%."""
+    return f"{fmt_pct(low)[:-1]}–{fmt_pct(high)}"
+
+
+def fmt_points(x: float | None) -> str:
+    """A difference of rates in percentage points: +18.3 pts."""
+    return "—" if x is None else f"{100 * x:+.1f} pts"
+
+
+def fmt_conf(confidence: float) -> str:
+    return f"{100 * confidence:g}%"
+
+
+@dataclass(frozen=True)
+class Counts:
+    """Sessions per outcome."""
+
+    clean: int = 0
+    corrupt: int = 0
+    timeout: int = 0
+    error: int = 0
+    interrupted: int = 0
+    wedged: int = 0
+    suspect: int = 0
+
+    @property
+    def completed(self) -> int:
+        return self.clean + self.corrupt
+
+    @property
+    def total(self) -> int:
+        return self.clean + self.corrupt + self.timeout + self.error + self.interrupted
+
+    @classmethod
+    def of(cls, sessions: Sequence[SessionRecord]) -> "Counts":
+        tally = {name: 0 for name in ("clean", "corrupt", "timeout", "error", "interrupted")}
+        for session in sessions:
+            tally[session.outcome] += 1
+        suspect = sum(
+            1
+            for s in sessions
+            if s.outcome == "clean" and any(t.verdict == "suspect" for t in s.turns)
+        )
+        return cls(**tally, wedged=sum(1 for s in sessions if s.wedged), suspect=suspect)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The banner: one headline sentence with the numbers, and further sentences for the details."""
+
+    kind: VerdictKind
+    headline: str
+    details: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class FindingView:
+    """One finding with the offending span cut out of its field's text, so a template can highlight it."""
+
+    rule: str
+    field: str
+    severity: str
+    before: str
+    hit: str
+    after: str
+    in_context: bool
+    """False when the field's text could not be recovered from the raw bytes: `hit` is the stored excerpt."""
+
+
+@dataclass(frozen=True)
+class TurnView:
+    index: int
+    status: str
+    verdict: str | None
+    finish_reason: str | None
+    request_id: str | None
+    tool_calls: list[str]
+    error: str | None
+    ttft_s: float | None
+    e2e_s: float | None
+    findings: list[FindingView]
+    raw: RawExcerpt | None
+
+
+@dataclass(frozen=True)
+class SessionView:
+    """A non-clean session for the drill-down: what went wrong, where, and how far it got cleanly."""
+
+    session_id: int
+    task: str
+    outcome: str
+    wedged: bool
+    turns_taken: int
+    clean_turns: int
+    first_corrupt_turn: int | None
+    rules: list[str]
+    duration_s: float
+    last_status: str | None
+    error: str | None
+    turns: list[TurnView]
+    """The turns worth showing: every turn that was not clean."""
+
+
+@dataclass(frozen=True)
+class RunView:
+    name: str
+    path: Path
+    run: Run
+    counts: Counts
+    confidence: float
+    rate: Interval
+    upper: float
+    """One-sided upper bound of the corruption rate over completed sessions."""
+    worst: Interval
+    best: Interval
+    assessment: Inconclusive
+    verdict: Verdict
+    corrupt_sessions: list[SessionView]
+    timeout_sessions: list[SessionView]
+    error_sessions: list[SessionView]
+    target: str
+    started_at: str
+    ended_at: str | None
+    finished: bool
+    """summary.json exists: the run ended (normally or by Ctrl-C) rather than crashing."""
+    gate: dict[str, Any] | None
+    metrics: pd.DataFrame | None
+    """metrics.csv (t_s, metric, labels, value) when present and readable."""
+    notes: list[str]
+    """Problems with the run directory that the report worked around (a torn metrics file, …)."""
+
+
+@dataclass(frozen=True)
+class ComparisonRow:
+    """One run against the reference run (the first one given)."""
+
+    name: str
+    reference: str
+    k1: int
+    n1: int
+    k2: int
+    n2: int
+    result: Comparison
+    p_holm: float
+
+
+@dataclass(frozen=True)
+class ReportModel:
+    runs: list[RunView]
+    comparisons: list[ComparisonRow]
+    confidence: float
+    generated_at: str
+
+    @property
+    def overall(self) -> VerdictKind:
+        """The worst verdict of any run: corrupt beats inconclusive beats clean."""
+        kinds = {run.verdict.kind for run in self.runs}
+        for kind in ("corrupt", "inconclusive"):
+            if kind in kinds:
+                return kind  # type: ignore[return-value]
+        return "clean"
+
+
+def _option(run: Run, key: str, default: Any) -> Any:
+    value = run.manifest.options.get(key)
+    return default if value is None else value
+
+
+def verdict_for(counts: Counts, rate: Interval, upper: float, worst: Interval, best: Interval,
+                assessment: Inconclusive, *, interrupted_run: bool = False) -> Verdict:
+    """The banner's words. Evidence wins: any corrupt session makes the run corrupt, whatever timed out."""
+    conf = fmt_conf(rate.confidence)
+    k, n = counts.corrupt, counts.completed
+    details: list[str] = []
+    if counts.timeout:
+        details.append(
+            f"{counts.timeout} of {counts.total} sessions timed out; counting each as corrupt or as clean, "
+            f"the rate over all judged sessions lies between {fmt_pct(best.estimate)} and "
+            f"{fmt_pct(worst.estimate)}."
+        )
+    if counts.error:
+        details.append(f"{counts.error} sessions failed with transport or HTTP errors; they are not counted.")
+    if counts.wedged:
+        details.append(f"{counts.wedged} sessions had a stream that went silent (wedged).")
+    if counts.interrupted or interrupted_run:
+        details.append(f"The run was interrupted; {counts.interrupted} sessions were still in flight.")
+    if k > 0:
+        headline = (
+            f"CORRUPT: {k} of {n} completed sessions ({fmt_pct(rate.estimate)}, {conf} CI "
+            f"{fmt_range(rate.low, rate.high)}) returned broken tool-call markup."
+        )
+        if assessment.inconclusive:
+            details.insert(0, "The rate itself is uncertain: " + "; ".join(assessment.reasons) + ".")
+        return Verdict("corrupt", headline, details)
+    if counts.total == 0:
+        return Verdict("inconclusive", "INCONCLUSIVE: the run recorded no sessions.", details)
+    if assessment.inconclusive:
+        first, *rest = assessment.reasons
+        headline = f"INCONCLUSIVE: {first}; 0 of {n} completed were corrupt, which proves nothing."
+        return Verdict("inconclusive", headline, [r[:1].upper() + r[1:] + "." for r in rest] + details)
+    headline = (
+        f"CLEAN: 0 of {n} completed sessions corrupt; the corruption rate is below {fmt_pct(upper)} "
+        f"({conf} upper bound)."
+    )
+    return Verdict("clean", headline, details)
+
+
+def read_metrics(run_dir: Path) -> tuple[pd.DataFrame | None, str | None]:
+    """metrics.csv as a frame with numeric t_s and value, or None and why it could not be used."""
+    file = Path(run_dir) / METRICS
+    if not file.exists():
+        return None, None
+    try:
+        frame = pd.read_csv(file, dtype={"metric": str, "labels": str}, keep_default_na=False)
+    except (ValueError, pd.errors.ParserError, UnicodeDecodeError) as err:
+        return None, f"{METRICS} could not be read ({type(err).__name__}); server metrics are not shown"
+    missing = {"t_s", "metric", "labels", "value"} - set(frame.columns)
+    if missing:
+        return None, f"{METRICS} lacks columns {', '.join(sorted(missing))}; server metrics are not shown"
+    frame["t_s"] = pd.to_numeric(frame["t_s"], errors="coerce")
+    frame["value"] = pd.to_numeric(frame["value"], errors="coerce")
+    return frame.dropna(subset=["t_s", "value"]), None
+
+
+def _turn_view(run: Run, turn: TurnRecord) -> TurnView:
+    raw = read_raw(run.path, turn.raw_path) if turn.raw_path else None
+    texts = response_fields(raw.data) if raw is not None else {}
+    findings: list[FindingView] = []
+    for finding in turn.findings:
+        text = texts.get(finding.field)
+        if text is not None and 0 <= finding.start <= finding.end <= len(text):
+            findings.append(
+                FindingView(
+                    rule=finding.rule,
+                    field=finding.field,
+                    severity=finding.severity,
+                    before=text[max(0, finding.start - CONTEXT_CHARS) : finding.start],
+                    hit=text[finding.start : finding.end],
+                    after=text[finding.end : finding.end + CONTEXT_CHARS],
+                    in_context=True,
+                )
+            )
+        else:
+            findings.append(
+                FindingView(finding.rule, finding.field, finding.severity, "", finding.excerpt, "", False)
+            )
+    return TurnView(
+        index=turn.index,
+        status=turn.status,
+        verdict=turn.verdict,
+        finish_reason=turn.finish_reason,
+        request_id=turn.request_id,
+        tool_calls=list(turn.tool_calls),
+        error=turn.error,
+        ttft_s=turn.ttft_s,
+        e2e_s=turn.e2e_s,
+        findings=findings,
+        raw=raw.excerpt if raw is not None else None,
+    )
+
+
+def _session_view(run: Run, session: SessionRecord) -> SessionView:
+    shown = [t for t in session.turns if not (t.status == "ok" and t.verdict == "clean")]
+    return SessionView(
+        session_id=session.session_id,
+        task=session.task,
+        outcome=session.outcome,
+        wedged=session.wedged,
+        turns_taken=len(session.turns),
+        clean_turns=session.clean_turns,
+        first_corrupt_turn=session.first_corrupt_turn,
+        rules=list(session.rules),
+        duration_s=session.end_s - session.start_s,
+        last_status=session.turns[-1].status if session.turns else None,
+        error=session.error,
+        turns=[_turn_view(run, t) for t in shown],
+    )
+
+
+def run_view(run: Run, *, confidence: float = 0.95) -> RunView:
+    """Counts, intervals and the verdict for one run, with thresholds taken from the run's own options."""
+    counts = Counts.of(run.sessions)
+    rate = clopper_pearson(counts.corrupt, counts.completed, confidence)
+    worst, best = timeout_bounds(counts.corrupt, counts.clean, counts.timeout, confidence)
+    assessment = assess_inconclusive(
+        counts.clean,
+        counts.corrupt,
+        counts.timeout,
+        counts.error,
+        min_completed=int(_option(run, "min_completed", DEFAULT_MIN_COMPLETED)),
+        max_timeout_fraction=float(_option(run, "max_timeout_rate", DEFAULT_MAX_TIMEOUT_RATE)),
+        confidence=confidence,
+    )
+    upper = upper_bound(counts.corrupt, counts.completed, confidence)
+    metrics, metrics_note = read_metrics(run.path)
+    interrupted = bool(run.summary and run.summary.interrupted)
+    target = run.manifest.target
+    by_outcome = {
+        outcome: [_session_view(run, s) for s in run.sessions if s.outcome == outcome]
+        for outcome in ("corrupt", "timeout", "error")
+    }
+    return RunView(
+        name=run.name,
+        path=run.path,
+        run=run,
+        counts=counts,
+        confidence=confidence,
+        rate=rate,
+        upper=upper,
+        worst=worst,
+        best=best,
+        assessment=assessment,
+        verdict=verdict_for(counts, rate, upper, worst, best, assessment, interrupted_run=interrupted),
+        corrupt_sessions=by_outcome["corrupt"],
+        timeout_sessions=by_outcome["timeout"],
+        error_sessions=by_outcome["error"],
+        target=str(target.get("base_url") or ("embedded simulator" if target.get("embedded") else "unknown")),
+        started_at=run.manifest.started_at,
+        ended_at=run.manifest.ended_at,
+        finished=run.summary is not None,
+        gate=run.summary.gate if run.summary is not None else None,
+        metrics=metrics,
+        notes=[metrics_note] if metrics_note else [],
+    )
+
+
+def comparisons(runs: Sequence[RunView]) -> list[ComparisonRow]:
+    """Every run after the first against the first, two-sided, Holm-adjusted over the family."""
+    if len(runs) < 2:
+        return []
+    ref = runs[0]
+    results = [
+        compare(r.counts.corrupt, r.counts.completed, ref.counts.corrupt, ref.counts.completed,
+                alternative="two-sided", confidence=ref.confidence)
+        for r in runs[1:]
+    ]
+    adjusted = holm([c.p_boschloo for c in results])
+    return [
+        ComparisonRow(r.name, ref.name, r.counts.corrupt, r.counts.completed, ref.counts.corrupt,
+                      ref.counts.completed, c, float(p))
+        for r, c, p in zip(runs[1:], results, adjusted)
+    ]
+
+
+def build_model(run_dirs: Sequence[Path], *, confidence: float = 0.95) -> ReportModel:
+    """Load every run directory (UsageError names a bad one) and compute the whole report."""
+    views = [run_view(load_run(path), confidence=confidence) for path in run_dirs]
+    return ReportModel(
+        runs=views,
+        comparisons=comparisons(views),
+        confidence=confidence,
+        generated_at=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
+    )

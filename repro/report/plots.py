@@ -1,0 +1,191 @@
+"""The report's figures, drawn with matplotlib's Agg backend and inlined as base64 PNG data URIs.
+
+PNG rather than SVG: an SVG inlined in the page carries text (run names, labels) as markup, a PNG
+carries only pixels, so no label can ever become HTML.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+from dataclasses import dataclass
+from typing import Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
+
+from repro.records import OUTCOMES  # noqa: E402
+from repro.report.model import RunView  # noqa: E402
+
+OUTCOME_COLOURS = {
+    "clean": "#2e7d32",
+    "corrupt": "#c62828",
+    "timeout": "#ef6c00",
+    "error": "#6a1b9a",
+    "interrupted": "#757575",
+}
+PREFERRED_METRICS = (
+    "num_running_reqs",
+    "num_queue_reqs",
+    "token_usage",
+    "cache_hit_rate",
+    "load_back_tokens_total",
+    "num_decode_transfer_queue_reqs",
+    "gen_throughput",
+)
+MAX_METRICS = 4
+MAX_LABEL = 40
+
+
+@dataclass(frozen=True)
+class Plot:
+    title: str
+    alt: str
+    data_uri: str
+
+
+def _short(name: str) -> str:
+    return name if len(name) <= MAX_LABEL else name[: MAX_LABEL - 1] + "…"
+
+
+def _encode(fig: Figure) -> str:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=90, bbox_inches="tight")
+    plt.close(fig)
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def outcomes_plot(runs: Sequence[RunView]) -> Plot:
+    """Stacked outcome counts per run, beside the corruption rate with its interval."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 1.2 + 0.5 * len(runs)), squeeze=True)
+    labels = [_short(r.name) for r in runs]
+    y = np.arange(len(runs))
+    offset = np.zeros(len(runs))
+    for outcome in OUTCOMES:
+        values = np.array([getattr(r.counts, outcome) for r in runs], dtype=float)
+        if values.any():
+            left.barh(y, values, left=offset, color=OUTCOME_COLOURS[outcome], label=outcome)
+            offset += values
+    left.set_yticks(y, labels)
+    left.invert_yaxis()
+    left.set_xlabel("sessions")
+    left.legend(loc="upper center", bbox_to_anchor=(0.5, -0.35 if len(runs) < 3 else -0.15), ncols=5, fontsize="small")
+    for i, r in enumerate(runs):
+        if r.rate.estimate is None:
+            right.text(0.0, i, " no completed sessions", va="center", fontsize="small")
+            continue
+        right.errorbar(
+            r.rate.estimate * 100, i,
+            xerr=[[100 * (r.rate.estimate - r.rate.low)], [100 * (r.rate.high - r.rate.estimate)]],
+            fmt="o", color=OUTCOME_COLOURS["corrupt"] if r.counts.corrupt else OUTCOME_COLOURS["clean"], capsize=4,
+        )
+    right.set_yticks(y, [""] * len(runs))
+    right.set_ylim(left.get_ylim())
+    right.set_xlim(left=0)
+    right.set_xlabel(f"corruption rate over completed sessions, % ({runs[0].confidence:.0%} CI)")
+    return Plot("Outcomes and corruption rate per run", "Outcome counts and corruption rate with intervals", _encode(fig))
+
+
+def latency_plot(runs: Sequence[RunView]) -> Plot | None:
+    """Empirical distributions (ECDF) of time to first token and end-to-end time over answered turns."""
+    series = []
+    for r in runs:
+        turns = [t for s in r.run.sessions for t in s.turns]
+        ttft = np.sort([t.ttft_s for t in turns if t.ttft_s is not None])
+        e2e = np.sort([t.e2e_s for t in turns if t.e2e_s is not None])
+        series.append((r, ttft, e2e))
+    if not any(len(t) or len(e) for _, t, e in series):
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.4))
+    for ax, index, what in ((axes[0], 1, "time to first token (s)"), (axes[1], 2, "end-to-end time per turn (s)")):
+        for item in series:
+            values = item[index]
+            if len(values):
+                ax.step(values, np.arange(1, len(values) + 1) / len(values), where="post", label=_short(item[0].name))
+        ax.set_xlabel(what)
+        ax.set_ylabel("fraction of turns")
+        ax.grid(alpha=0.3)
+    axes[1].legend(fontsize="small", loc="lower right")
+    return Plot("Latency distributions", "Cumulative distributions of TTFT and end-to-end time", _encode(fig))
+
+
+def timeline_plot(run: RunView) -> Plot | None:
+    """One bar per session from start to end, coloured by outcome, ticks at turn starts, wedges crossed."""
+    sessions = sorted(run.run.sessions, key=lambda s: (s.start_s, s.session_id))
+    if not sessions:
+        return None
+    height = min(14.0, 1.5 + 0.06 * len(sessions))
+    fig, ax = plt.subplots(figsize=(10, height))
+    for row, session in enumerate(sessions):
+        ax.barh(row, max(session.end_s - session.start_s, 1e-3), left=session.start_s, height=0.8,
+                color=OUTCOME_COLOURS[session.outcome], linewidth=0)
+        starts = [t.start_s for t in session.turns]
+        ax.plot(starts, [row] * len(starts), linestyle="none", marker="|", color="black", markersize=5)
+        if session.wedged:
+            ax.plot([session.end_s], [row], marker="x", color="black", markersize=6)
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds since the run started")
+    ax.set_ylabel("session (by start time)")
+    present = [o for o in OUTCOMES if any(s.outcome == o for s in sessions)]
+    handles = [Line2D([0], [0], color=OUTCOME_COLOURS[o], lw=6, label=o) for o in present]
+    handles.append(Line2D([0], [0], color="black", marker="|", linestyle="none", label="turn start"))
+    if any(s.wedged for s in sessions):
+        handles.append(Line2D([0], [0], color="black", marker="x", linestyle="none", label="wedged"))
+    ax.legend(handles=handles, fontsize="small", loc="upper right")
+    return Plot(f"Session timeline: {run.name}", "One bar per session coloured by outcome", _encode(fig))
+
+
+def turn_index_plot(runs: Sequence[RunView]) -> Plot | None:
+    """The share of answered turns judged corrupt, per turn index: does corruption grow with context?"""
+    rows = [
+        (position, t.index, t.verdict == "corrupt")
+        for position, r in enumerate(runs)
+        for s in r.run.sessions
+        for t in s.turns
+        if t.status == "ok"
+    ]
+    if not rows:
+        return None
+    frame = pd.DataFrame(rows, columns=["run", "turn", "corrupt"])
+    table = frame.groupby(["run", "turn"], sort=True)["corrupt"].agg(["sum", "count"]).reset_index()
+    fig, ax = plt.subplots(figsize=(10, 3.2))
+    width = 0.8 / len(runs)
+    for position, r in enumerate(runs):
+        part = table[table["run"] == position]
+        x = part["turn"].to_numpy() + (position - (len(runs) - 1) / 2) * width
+        ax.bar(x, 100 * part["sum"] / part["count"], width=width, label=_short(r.name))
+        for xi, k, n in zip(x, part["sum"], part["count"]):
+            ax.annotate(f"{k}/{n}", (xi, 0), xytext=(0, 2), textcoords="offset points", ha="center", fontsize=6)
+    ax.set_xlabel("turn index")
+    ax.set_ylabel("corrupt turns, % of answered")
+    ax.legend(fontsize="small")
+    return Plot("Corruption by turn index", "Share of answered turns judged corrupt at each turn index", _encode(fig))
+
+
+def metrics_plot(run: RunView, metrics: pd.DataFrame) -> Plot | None:
+    """A few sglang: series over time (t_s, metric, labels, value), one panel per metric."""
+    frame = metrics[metrics["metric"].astype(str).str.startswith("sglang:")]
+    if frame.empty:
+        return None
+    present = list(dict.fromkeys(frame["metric"].astype(str)))
+    bare = {name.removeprefix("sglang:"): name for name in present}
+    chosen = [bare[m] for m in PREFERRED_METRICS if m in bare]
+    chosen += [m for m in present if m not in chosen]
+    chosen = chosen[:MAX_METRICS]
+    fig, axes = plt.subplots(len(chosen), 1, figsize=(10, 1.9 * len(chosen)), sharex=True, squeeze=False)
+    for ax, metric in zip(axes[:, 0], chosen):
+        part = frame[frame["metric"] == metric]
+        for labels, series in part.groupby(part["labels"].fillna("").astype(str), sort=True):
+            series = series.sort_values("t_s")
+            ax.plot(series["t_s"], series["value"], label=_short(labels) if labels else None)
+        ax.set_ylabel(metric.removeprefix("sglang:"), fontsize="small")
+        ax.grid(alpha=0.3)
+    axes[-1, 0].set_xlabel("seconds since the run started")
+    return Plot(f"Server metrics: {run.name}", "Server metrics over time", _encode(fig))

@@ -1,0 +1,270 @@
+"""`repro report`: HTML, Markdown and JUnit rendered from real run directories written with RunWriter.
+
+The run directories are built here (the `make_run` helper, also used by the gate and browser tests)
+the way `repro run` writes them: manifest, sessions.jsonl, raw SSE bytes of every non-clean turn,
+summary.json and metrics.csv.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from repro.cli import main
+from repro.records import FindingRecord, Manifest, RateEstimate, SessionRecord, Summary, TurnRecord
+from repro.report import render_report
+from repro.store import RunWriter
+
+SENTINEL = "｜DSML｜"
+LEAK = f'Let me check.\n\n<{SENTINEL}tool_calls>\n<{SENTINEL}invoke name="get_weather">'
+
+
+def sse(content: str, *, pieces: int = 4) -> bytes:
+    """A streamed chat completion whose content deltas concatenate to `content`."""
+    step = max(1, len(content) // pieces)
+    chunks = [content[i : i + step] for i in range(0, len(content), step)] or [""]
+    lines = [
+        "data: " + json.dumps({"id": "cmpl-1", "choices": [{"index": 0, "delta": {"content": c}}]}) + "\n\n"
+        for c in chunks
+    ]
+    lines.append('data: {"id": "cmpl-1", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}\n\n')
+    lines.append("data: [DONE]\n\n")
+    return "".join(lines).encode("utf-8")
+
+
+def make_run(
+    path: Path,
+    *,
+    name: str = "run",
+    clean: int = 0,
+    corrupt: int = 0,
+    timeout: int = 0,
+    error: int = 0,
+    leak: str = LEAK,
+    options: dict | None = None,
+    metrics: str | None = None,
+    summary: bool = True,
+    task: str = "weather",
+) -> Path:
+    """Write a run directory with the given outcome counts; corrupt sessions carry `leak` in turn 1's content."""
+    writer = RunWriter(path)
+    writer.write_manifest(
+        Manifest(
+            name=name,
+            run_id=f"{name}-id",
+            command=["repro", "run"],
+            options=options or {},
+            workload={"name": "agentic", "path": "experiments/agentic.yaml", "sha256": "0" * 64},
+            target={"base_url": "http://127.0.0.1:9/v1", "model": "deepseek-v4", "embedded": False},
+            started_at="2026-11-29T12:00:00Z",
+            ended_at="2026-11-29T12:05:00Z" if summary else None,
+        )
+    )
+    outcomes = ["clean"] * clean + ["corrupt"] * corrupt + ["timeout"] * timeout + ["error"] * error
+    for sid, outcome in enumerate(outcomes):
+        start = 0.5 * sid
+        turns = [
+            TurnRecord(index=0, status="ok", verdict="clean", start_s=start, ttft_s=0.2 + 0.01 * sid,
+                       e2e_s=1.0 + 0.02 * sid, chunks=5, finish_reason="tool_calls", tool_calls=["get_weather"])
+        ]
+        extra: dict = {}
+        if outcome == "corrupt":
+            start_at = leak.index(SENTINEL) if SENTINEL in leak else 0
+            raw = writer.write_raw(sid, 1, sse(leak))
+            turns.append(TurnRecord(
+                index=1, status="ok", verdict="corrupt", start_s=start + 1.1, ttft_s=0.3, e2e_s=1.5,
+                finish_reason="stop", request_id=f"req-{sid}", raw_path=raw,
+                findings=[FindingRecord(rule="sentinel", field="content", start=start_at,
+                                        end=start_at + len(SENTINEL), excerpt=leak[start_at:start_at + 20],
+                                        severity="hard")],
+            ))
+            extra = {"first_corrupt_turn": 1, "rules": ["sentinel"]}
+        elif outcome == "timeout":
+            raw = writer.write_raw(sid, 1, b'data: {"choices": [{"index": 0, "delta": {"content": "Let"}}]}\n\n')
+            turns.append(TurnRecord(index=1, status="timeout", start_s=start + 1.1, raw_path=raw,
+                                    error="session budget ran out"))
+        elif outcome == "error":
+            raw = writer.write_raw(sid, 1, b'{"error": "overloaded"}', suffix="json")
+            turns.append(TurnRecord(index=1, status="error", start_s=start + 1.1, http_status=503, raw_path=raw,
+                                    error="HTTP 503"))
+        else:
+            turns.append(TurnRecord(index=1, status="ok", verdict="clean", start_s=start + 1.1, ttft_s=0.25,
+                                    e2e_s=1.2, finish_reason="stop"))
+        writer.append_session(SessionRecord(
+            session_id=sid, task=task, outcome=outcome, start_s=start, end_s=start + 3.0, turns=turns,
+            finished=outcome == "clean", clean_turns=1 if outcome != "clean" else 2,
+            wedged=outcome == "timeout", error=turns[-1].error, **extra,
+        ))
+    if summary:
+        n = clean + corrupt
+        writer.write_summary(Summary(
+            sessions=len(outcomes),
+            counts={"clean": clean, "corrupt": corrupt, "timeout": timeout, "error": error, "interrupted": 0},
+            wedged=timeout,
+            corruption_rate=RateEstimate(k=corrupt, n=n, estimate=corrupt / n if n else None, ci_low=0.0,
+                                         ci_high=1.0, method="clopper-pearson"),
+            duration_s=0.5 * len(outcomes) + 3.0,
+        ))
+    writer.close()
+    if metrics is not None:
+        (path / "metrics.csv").write_text(metrics, encoding="utf-8")
+    return path
+
+
+METRICS_CSV = "t_s,metric,labels,value\n" + "".join(
+    f"{t},sglang:num_running_reqs,,{t % 7}\n{t},sglang:load_back_tokens_total,,{100 * t}\n" for t in range(30)
+)
+
+
+def run_main(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    """`repro ARGS` in this process (the imports are paid once): exit code, stdout, stderr."""
+    capsys.readouterr()
+    old = sys.argv
+    sys.argv = ["repro", *args]
+    try:
+        main()
+        code = 0
+    except SystemExit as done:
+        code = done.code if isinstance(done.code, int) else 1
+    finally:
+        sys.argv = old
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_corrupt_run_gets_a_corrupt_banner_with_numbers_and_a_highlighted_drilldown(tmp_path: Path) -> None:
+    run = make_run(tmp_path / "bad", name="hicache-on", clean=47, corrupt=11, timeout=2, metrics=METRICS_CSV)
+    result = render_report([run], tmp_path / "report.html")
+    html = result.html.read_text(encoding="utf-8")
+    assert "CORRUPT: 11 of 58 completed sessions (19%, 95% CI 9.9–31%) returned broken tool-call markup." in html
+    # The offending span is highlighted inside its context, escaped.
+    assert f"<mark>{SENTINEL}</mark>tool_calls&gt;" in html
+    assert "Let me check." in html
+    assert "raw bytes: raw/s0047-t01.sse" in html
+    assert html.count('class="session corrupt-session"') == 11
+    # Plots are inline images: outcomes, latency, timeline, turn index, metrics.
+    assert html.count('<img src="data:image/png;base64,') == 5
+    assert "http://" not in html.replace("http://127.0.0.1:9/v1", "")
+    assert "<script" not in html.lower()
+
+
+def test_timeouts_dominate_inconclusive_never_zero_percent(tmp_path: Path) -> None:
+    run = make_run(tmp_path / "off", name="hicache-off", clean=26, timeout=34)
+    result = render_report([run], tmp_path / "r.html", markdown=tmp_path / "s.md")
+    verdict = result.model.runs[0].verdict
+    assert verdict.kind == "inconclusive"
+    assert verdict.headline.startswith("INCONCLUSIVE: 34 of 60 sessions (57%) timed out (limit 20%)")
+    assert verdict.headline.endswith("0 of 26 completed were corrupt, which proves nothing.")
+    for text in (result.html.read_text(encoding="utf-8"), (tmp_path / "s.md").read_text(encoding="utf-8")):
+        assert "0% corruption" not in text
+        assert "CLEAN" not in text
+    # The timed-out sessions show how far they got cleanly.
+    html = result.html.read_text(encoding="utf-8")
+    assert "Timed-out sessions (34)" in html
+    assert "clean turns before it stopped" in html
+
+
+def test_clean_run_states_the_upper_bound(tmp_path: Path) -> None:
+    run = make_run(tmp_path / "ok", name="fixed", clean=60)
+    result = render_report([run], tmp_path / "r.html")
+    assert result.model.runs[0].verdict.headline == (
+        "CLEAN: 0 of 60 completed sessions corrupt; the corruption rate is below 4.9% (95% upper bound)."
+    )
+
+
+def test_comparison_table_has_boschloo_fisher_and_holm(tmp_path: Path) -> None:
+    off = make_run(tmp_path / "off", name="hicache-off", clean=60)
+    on = make_run(tmp_path / "on", name="hicache-on", clean=49, corrupt=11)
+    bf16 = make_run(tmp_path / "bf16", name="bf16", clean=58, corrupt=2)
+    result = render_report([off, on, bf16], tmp_path / "r.html", markdown=tmp_path / "s.md",
+                           junit=tmp_path / "j.xml")
+    rows = {row.name: row for row in result.model.comparisons}
+    assert set(rows) == {"hicache-on", "bf16"}
+    assert rows["hicache-on"].result.p_boschloo < rows["hicache-on"].result.p_fisher < 0.001
+    # Holm: the smaller of two p-values is doubled.
+    assert rows["hicache-on"].p_holm == 2 * rows["hicache-on"].result.p_boschloo
+    assert rows["bf16"].p_holm > 0.05
+    html = result.html.read_text(encoding="utf-8")
+    assert 'id="comparisons"' in html and "Holm-adjusted" in html and "+18.3 pts" in html
+    markdown = (tmp_path / "s.md").read_text(encoding="utf-8")
+    assert "| hicache-on | 11/60 | 0/60 | +18.3 pts" in markdown
+    suite = ET.parse(tmp_path / "j.xml").getroot().find("testsuite")
+    assert suite is not None and suite.get("tests") == "3" and suite.get("failures") == "2"
+    case = suite.find("testcase[@name='hicache-on']")
+    assert case is not None and case.find("failure") is not None
+    props = {p.get("name"): p.get("value") for p in case.iter("property")}
+    assert props["corrupt"] == "11" and props["verdict"] == "corrupt"
+
+
+def test_crashed_run_without_summary_and_torn_metrics_still_reports(tmp_path: Path) -> None:
+    run = make_run(tmp_path / "crash", name="crashed", clean=30, corrupt=1, summary=False,
+                   metrics="t_s,metric\n1,2\n")
+    with open(run / "sessions.jsonl", "a", encoding="utf-8") as fh:
+        fh.write('{"session_id": 99, "task": "x", "outc')  # a torn last line, as after SIGKILL
+    result = render_report([run], tmp_path / "r.html")
+    view = result.model.runs[0]
+    assert view.counts.total == 31 and view.verdict.kind == "corrupt"
+    html = result.html.read_text(encoding="utf-8")
+    assert "the run did not finish" in html
+    assert "metrics.csv lacks columns labels, value" in html
+
+
+def test_raw_path_outside_the_run_dir_is_not_read(tmp_path: Path) -> None:
+    secret = tmp_path / "secret.txt"
+    secret.write_text("TOP-SECRET-CONTENT", encoding="utf-8")
+    run = make_run(tmp_path / "r", clean=20, corrupt=1)
+    lines = (run / "sessions.jsonl").read_text(encoding="utf-8").splitlines()
+    record = json.loads(lines[-1])
+    record["turns"][1]["raw_path"] = "../secret.txt"
+    lines[-1] = json.dumps(record)
+    (run / "sessions.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    html = render_report([run], tmp_path / "r.html").html.read_text(encoding="utf-8")
+    assert "TOP-SECRET-CONTENT" not in html
+    assert "raw bytes ../secret.txt: missing" in html
+    assert "stored excerpt" in html
+
+
+def test_large_raw_file_is_truncated_with_its_size_stated(tmp_path: Path) -> None:
+    run = make_run(tmp_path / "r", clean=20, corrupt=1, leak="x" * 20000 + SENTINEL + "tool_calls>")
+    html = render_report([run], tmp_path / "r.html").html.read_text(encoding="utf-8")
+    size = (run / "raw" / "s0020-t01.sse").stat().st_size
+    assert f"({size} bytes; showing the first and last parts, {size - 8000} bytes omitted)" in html
+    # The highlight still finds the span: the text is rebuilt from the whole file, not the excerpt.
+    assert f"<mark>{SENTINEL}</mark>tool_calls&gt;" in html
+
+
+def test_cli_report_writes_files_and_the_github_step_summary(tmp_path: Path) -> None:
+    run = make_run(tmp_path / "r", name="ci", clean=40, corrupt=3)
+    summary = tmp_path / "step.md"
+    summary.write_text("earlier step\n", encoding="utf-8")
+    done = subprocess.run(
+        [sys.executable, "-c", "from repro.cli import main; main()", "report", str(run),
+         "-o", str(tmp_path / "out.html"), "--junit", str(tmp_path / "j.xml")],
+        capture_output=True, text=True, timeout=120,
+        env={**__import__("os").environ, "GITHUB_STEP_SUMMARY": str(summary)},
+    )
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "out.html").exists() and (tmp_path / "j.xml").exists()
+    text = summary.read_text(encoding="utf-8")
+    assert text.startswith("earlier step\n") and "CORRUPT: 3 of 43 completed sessions" in text
+    assert str(tmp_path / "out.html") in done.stdout
+
+
+def test_cli_report_bad_input_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run_main(capsys, "report", str(tmp_path / "nope"), "-o", str(tmp_path / "x.html"))
+    assert code == 2
+    assert re.fullmatch(r"repro: error: .*nope: not a run directory \(no such directory\)\n", err)
+    run = make_run(tmp_path / "r", clean=1)
+    code, _, err = run_main(capsys, "report", str(run), "-o", str(tmp_path / "no-such-dir" / "x.html"))
+    assert code == 2 and err.count("\n") == 1 and "cannot write" in err
+    code, _, err = run_main(capsys, "report", str(run), str(run))
+    assert code == 2 and "--output is required with several run directories" in err
+    (run / "manifest.json").write_text("{}", encoding="utf-8")
+    code, _, err = run_main(capsys, "report", str(run))
+    assert code == 2 and err.count("\n") == 1 and "manifest.json" in err
