@@ -3,35 +3,35 @@
 Supported: type (also lists of types; integer vs number as JSON Schema defines them), properties, required,
 additionalProperties, enum, const, items, minItems/maxItems, minimum/maximum and their exclusive forms,
 minLength/maxLength, anyOf/oneOf/allOf, boolean schemas. Other keywords are ignored, as validators do.
+A schema is compiled once into a chain of small checks (a load run validates the same tools many times).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
-_TYPES = ("null", "boolean", "object", "array", "number", "string", "integer")
+Check = Callable[[Any, str], "str | None"]
 
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _has_type(value: Any, name: str) -> bool:
-    if name == "integer":
-        return _is_number(value) and (isinstance(value, int) or value.is_integer())
-    if name == "number":
-        return _is_number(value)
-    if name == "string":
-        return isinstance(value, str)
-    if name == "boolean":
-        return isinstance(value, bool)
-    if name == "null":
-        return value is None
-    if name == "object":
-        return isinstance(value, dict)
-    if name == "array":
-        return isinstance(value, list)
-    return True
+_TYPE_TESTS: dict[str, Callable[[Any], bool]] = {
+    "integer": lambda v: _is_number(v) and (isinstance(v, int) or v.is_integer()),
+    "number": _is_number,
+    "string": lambda v: isinstance(v, str),
+    "boolean": lambda v: isinstance(v, bool),
+    "null": lambda v: v is None,
+    "object": lambda v: isinstance(v, dict),
+    "array": lambda v: isinstance(v, list),
+}
+_BOUNDS: tuple[tuple[str, Callable[[Any, Any], bool], str], ...] = (
+    ("minimum", lambda v, b: v < b, "below"),
+    ("maximum", lambda v, b: v > b, "above"),
+    ("exclusiveMinimum", lambda v, b: v <= b, "not above"),
+    ("exclusiveMaximum", lambda v, b: v >= b, "not below"),
+)
 
 
 def json_equal(a: Any, b: Any) -> bool:
@@ -51,101 +51,182 @@ def _where(path: str) -> str:
     return path or "/"
 
 
-def schema_error(instance: Any, schema: Any, path: str = "") -> str | None:
-    """The first way `instance` violates `schema`, as "/json/pointer: reason", or None when it is valid."""
-    if schema is False:
-        return f"{_where(path)}: no value is allowed"
-    if not isinstance(schema, dict):
-        return None
-    expected = schema.get("type")
-    if expected is not None:
-        names = expected if isinstance(expected, list) else [expected]
-        if not any(_has_type(instance, n) for n in names if n in _TYPES):
-            return f"{_where(path)}: expected {' or '.join(map(str, names))}"
-    if "enum" in schema and isinstance(schema["enum"], list):
-        if not any(json_equal(instance, option) for option in schema["enum"]):
-            return f"{_where(path)}: not one of the enum values"
-    if "const" in schema and not json_equal(instance, schema["const"]):
-        return f"{_where(path)}: not the const value"
-    error = (
-        _object_error(instance, schema, path)
-        or _array_error(instance, schema, path)
-        or _scalar_error(instance, schema, path)
-    )
-    if error:
-        return error
-    return _combinator_error(instance, schema, path)
+def _pointer(path: str, key: Any) -> str:
+    return f"{path}/{str(key).replace('~', '~0').replace('/', '~1')}"
 
 
-def _object_error(instance: Any, schema: dict[str, Any], path: str) -> str | None:
-    if not isinstance(instance, dict):
-        return None
-    for key in schema.get("required") or ():
-        if key not in instance:
-            return f"{_where(path)}: missing required property {key!r}"
-    props = schema.get("properties")
-    props = props if isinstance(props, dict) else {}
-    extra = schema.get("additionalProperties", True)
-    for key, value in instance.items():
-        sub = f"{path}/{str(key).replace('~', '~0').replace('/', '~1')}"
-        if key in props:
-            error = schema_error(value, props[key], sub)
-        elif extra is False:
-            error = f"{_where(path)}: unexpected property {key!r}"
-        else:
-            error = schema_error(value, extra, sub)
-        if error:
-            return error
+def _valid(value: Any, path: str) -> None:
     return None
 
 
-def _array_error(instance: Any, schema: dict[str, Any], path: str) -> str | None:
-    if not isinstance(instance, list):
-        return None
-    if "minItems" in schema and len(instance) < schema["minItems"]:
-        return f"{_where(path)}: fewer than {schema['minItems']} items"
-    if "maxItems" in schema and len(instance) > schema["maxItems"]:
-        return f"{_where(path)}: more than {schema['maxItems']} items"
-    items = schema.get("items")
-    if isinstance(items, (dict, bool)):
-        for i, item in enumerate(instance):
-            error = schema_error(item, items, f"{path}/{i}")
+def _chain(checks: list[Check]) -> Check:
+    if not checks:
+        return _valid
+    if len(checks) == 1:
+        return checks[0]
+
+    def run(value: Any, path: str) -> str | None:
+        for one in checks:
+            error = one(value, path)
             if error:
                 return error
-    return None
+        return None
+
+    return run
 
 
-def _scalar_error(instance: Any, schema: dict[str, Any], path: str) -> str | None:
-    if isinstance(instance, str):
-        if "minLength" in schema and len(instance) < schema["minLength"]:
-            return f"{_where(path)}: shorter than {schema['minLength']}"
-        if "maxLength" in schema and len(instance) > schema["maxLength"]:
-            return f"{_where(path)}: longer than {schema['maxLength']}"
-    elif _is_number(instance):
-        bounds = (
-            ("minimum", lambda v, b: v < b, "below"),
-            ("maximum", lambda v, b: v > b, "above"),
-            ("exclusiveMinimum", lambda v, b: v <= b, "not above"),
-            ("exclusiveMaximum", lambda v, b: v >= b, "not below"),
-        )
-        for key, broken, word in bounds:
-            bound = schema.get(key)
-            if _is_number(bound) and broken(instance, bound):
-                return f"{_where(path)}: {word} {key} {bound}"
-    return None
+def _type_check(expected: Any) -> Check | None:
+    names = expected if isinstance(expected, list) else [expected]
+    tests = [_TYPE_TESTS[n] for n in names if n in _TYPE_TESTS]
+    if not tests:
+        return None
+    label = " or ".join(map(str, names))
+
+    def check(value: Any, path: str) -> str | None:
+        return None if any(t(value) for t in tests) else f"{_where(path)}: expected {label}"
+
+    return check
 
 
-def _combinator_error(instance: Any, schema: dict[str, Any], path: str) -> str | None:
-    for sub in schema.get("allOf") or ():
-        error = schema_error(instance, sub, path)
-        if error:
-            return error
+def _object_check(schema: dict[str, Any]) -> Check | None:
+    required = [k for k in schema.get("required") or () if isinstance(k, str)]
+    props_raw = schema.get("properties")
+    props = {k: compile_schema(v) for k, v in props_raw.items()} if isinstance(props_raw, dict) else {}
+    extra_raw = schema.get("additionalProperties", True)
+    extra = None if extra_raw is True or extra_raw is False else compile_schema(extra_raw)
+    closed = extra_raw is False
+    if not (required or props or extra or closed):
+        return None
+
+    def check(value: Any, path: str) -> str | None:
+        if not isinstance(value, dict):
+            return None
+        for key in required:
+            if key not in value:
+                return f"{_where(path)}: missing required property {key!r}"
+        for key, item in value.items():
+            sub = props.get(key)
+            if sub is None:
+                if closed:
+                    return f"{_where(path)}: unexpected property {key!r}"
+                sub = extra
+                if sub is None:
+                    continue
+            error = sub(item, _pointer(path, key))
+            if error:
+                return error
+        return None
+
+    return check
+
+
+def _array_check(schema: dict[str, Any]) -> Check | None:
+    low, high = schema.get("minItems"), schema.get("maxItems")
+    items_raw = schema.get("items")
+    items = compile_schema(items_raw) if isinstance(items_raw, (dict, bool)) else None
+    if low is None and high is None and items is None:
+        return None
+
+    def check(value: Any, path: str) -> str | None:
+        if not isinstance(value, list):
+            return None
+        if low is not None and len(value) < low:
+            return f"{_where(path)}: fewer than {low} items"
+        if high is not None and len(value) > high:
+            return f"{_where(path)}: more than {high} items"
+        if items is not None:
+            for i, item in enumerate(value):
+                error = items(item, f"{path}/{i}")
+                if error:
+                    return error
+        return None
+
+    return check
+
+
+def _scalar_checks(schema: dict[str, Any]) -> list[Check]:
+    checks: list[Check] = []
+    short, long = schema.get("minLength"), schema.get("maxLength")
+    if short is not None or long is not None:
+
+        def lengths(value: Any, path: str) -> str | None:
+            if isinstance(value, str):
+                if short is not None and len(value) < short:
+                    return f"{_where(path)}: shorter than {short}"
+                if long is not None and len(value) > long:
+                    return f"{_where(path)}: longer than {long}"
+            return None
+
+        checks.append(lengths)
+    bounds = [(key, broken, word, schema[key]) for key, broken, word in _BOUNDS if _is_number(schema.get(key))]
+    if bounds:
+
+        def ranges(value: Any, path: str) -> str | None:
+            if _is_number(value):
+                for key, broken, word, bound in bounds:
+                    if broken(value, bound):
+                        return f"{_where(path)}: {word} {key} {bound}"
+            return None
+
+        checks.append(ranges)
+    return checks
+
+
+def _combinator_checks(schema: dict[str, Any]) -> list[Check]:
+    checks: list[Check] = []
+    all_of = schema.get("allOf")
+    if isinstance(all_of, list):
+        checks.extend(compile_schema(sub) for sub in all_of)
     any_of = schema.get("anyOf")
-    if isinstance(any_of, list) and any_of and all(schema_error(instance, sub, path) for sub in any_of):
-        return f"{_where(path)}: matches none of anyOf"
+    if isinstance(any_of, list) and any_of:
+        options = [compile_schema(sub) for sub in any_of]
+
+        def anyof(value: Any, path: str) -> str | None:
+            if all(option(value, path) for option in options):
+                return f"{_where(path)}: matches none of anyOf"
+            return None
+
+        checks.append(anyof)
     one_of = schema.get("oneOf")
     if isinstance(one_of, list) and one_of:
-        matched = sum(1 for sub in one_of if schema_error(instance, sub, path) is None)
-        if matched != 1:
-            return f"{_where(path)}: matches {matched} of oneOf, not exactly one"
-    return None
+        choices = [compile_schema(sub) for sub in one_of]
+
+        def oneof(value: Any, path: str) -> str | None:
+            matched = sum(1 for choice in choices if choice(value, path) is None)
+            return None if matched == 1 else f"{_where(path)}: matches {matched} of oneOf, not exactly one"
+
+        checks.append(oneof)
+    return checks
+
+
+def compile_schema(schema: Any) -> Check:
+    """A function (instance, json_pointer) -> first violation as "/pointer: reason", or None when valid."""
+    if schema is False:
+        return lambda value, path: f"{_where(path)}: no value is allowed"
+    if not isinstance(schema, dict):
+        return _valid
+    checks: list[Check | None] = [_type_check(schema["type"]) if "type" in schema else None]
+    if isinstance(schema.get("enum"), list):
+        options = schema["enum"]
+        checks.append(lambda v, p: None if any(json_equal(v, o) for o in options) else f"{_where(p)}: not one of the enum values")
+    if "const" in schema:
+        const = schema["const"]
+        checks.append(lambda v, p: None if json_equal(v, const) else f"{_where(p)}: not the const value")
+    checks += [_object_check(schema), _array_check(schema), *_scalar_checks(schema), *_combinator_checks(schema)]
+    return _chain([c for c in checks if c is not None])
+
+
+_COMPILED: dict[int, tuple[Any, Check]] = {}
+_COMPILED_MAX = 512
+
+
+def schema_error(instance: Any, schema: Any) -> str | None:
+    """The first way `instance` violates `schema`, or None; compiled schemas are cached by identity."""
+    cached = _COMPILED.get(id(schema))
+    if cached is None or cached[0] is not schema:
+        if len(_COMPILED) >= _COMPILED_MAX:
+            _COMPILED.clear()
+        # The entry keeps the schema alive, so its id cannot be reused by another object while cached.
+        cached = (schema, compile_schema(schema))
+        _COMPILED[id(schema)] = cached
+    return cached[1](instance, "")

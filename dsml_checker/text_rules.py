@@ -6,6 +6,7 @@ must keep up with a load run (tens of thousands of verdicts per second).
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 
@@ -24,10 +25,11 @@ _TRUNCATED_RE = re.compile(rf"</?[ \t]*{_BAR}[ \t]*(?:[a-z▁_]*|dsml[ \t]*{_BAR
 _V3_RE = re.compile(
     rf"<[ \t]*{_BAR}[ \t]*tool[▁_ ]?(?:calls?[▁_ ]?(?:begin|end)|sep|outputs?[▁_ ]?(?:begin|end))[ \t]*{_BAR}[ \t]*>", re.I
 )
-_CONTROL_RE = re.compile(
-    rf"(?i:<[ \t]*{_BAR}[ \t]*(?:end[▁_ ]of[▁_ ]sentence|begin[▁_ ]of[▁_ ]sentence|user|assistant|system)[ \t]*{_BAR}[ \t]*>)"
-    r"|</?think>|\$TOOL_NAME|\$PARAMETER_NAME|\$PARAMETER_VALUE"
+_CONTROL_TOKEN_RE = re.compile(
+    rf"<[ \t]*{_BAR}[ \t]*(?:end[▁_ ]of[▁_ ]sentence|begin[▁_ ]of[▁_ ]sentence|user|assistant|system)[ \t]*{_BAR}[ \t]*>", re.I
 )
+_THINK_RE = re.compile(r"</?think>")
+_PLACEHOLDER_RE = re.compile(r"\$(?:TOOL_NAME|PARAMETER_NAME|PARAMETER_VALUE)")
 # The string= attribute is DeepSeek's own, so that shape counts even when no tools were offered.
 _XML_DEEPSEEK_RE = re.compile(r"<parameter\s+name\s*=[^<>]*?\bstring\s*=")
 _XML_TOOLS_RE = re.compile(r"</?function_calls>|<invoke\s+name\s*=|</invoke>|<function>\s*<name>")
@@ -47,6 +49,7 @@ _LOOP_MIN_ZEROS = 24
 _LOOP_MAX_UNIT = 8
 _LOOP_FILLER = frozenset(" \t\r\n-=_*#~.:|+/\\")
 _ZEROS = b"\0" * _LOOP_MIN_ZEROS
+_PLAIN_ASCII = bytes(range(0x20, 0x7F)) + b"\t\n\r"
 
 MARKUP_RULES = frozenset(
     {"sentinel", "sentinel-variant", "wrapper-tag", "bare-invoke", "orphan-closer", "truncated-tag",
@@ -173,6 +176,10 @@ def _duplicated(text: str) -> tuple[int, int] | None:
         if text.startswith(first, again) or first.startswith(text[again:]):
             return 0, min(len(text), 2 * again)
     lines = text.split("\n")
+    distinct = set(lines)
+    blank = lines.count("")
+    if len(distinct) - ("" in distinct) == len(lines) - blank:
+        return None  # no non-blank line occurs twice, so no block of lines can repeat
     last: dict[str, int] = {}
     offsets: list[int] = []
     pos = 0
@@ -192,28 +199,40 @@ def _duplicated(text: str) -> tuple[int, int] | None:
     return None
 
 
-def _loop(text: str) -> tuple[int, int] | None:
+def _loop(text: str, raw: bytes) -> tuple[int, int] | None:
     """Span of a unit of 1–8 characters repeated over ~50+ characters, ignoring whitespace and rulers."""
-    raw = text.encode("utf-8", "surrogatepass")
     n = len(raw)
+    whole = int.from_bytes(raw, "big")
     for shift in _LOOP_SHIFTS:
         if n < shift + _LOOP_MIN_ZEROS:
             continue
-        diff = (int.from_bytes(raw[:-shift], "big") ^ int.from_bytes(raw[shift:], "big")).to_bytes(n - shift, "big")
-        at = diff.find(_ZEROS)
+        # Byte k of `diff` is raw[k] ^ raw[k - shift]: a run of zeros is a stretch repeating with that period.
+        diff = (whole ^ (whole >> (8 * shift))).to_bytes(n, "big")
+        at = diff.find(_ZEROS, shift)
         while at >= 0:
             end = at + _LOOP_MIN_ZEROS
-            while end < len(diff) and diff[end] == 0:
-                end += 1
-            region = raw[at : end + shift]
+            end = len(diff) - len(diff[end:].lstrip(b"\0"))
+            region = raw[at - shift : end]
             unit = next((u for u in range(1, _LOOP_MAX_UNIT + 1) if region[u:] == region[:-u]), 0)
             if unit and not set(region[:unit].decode("utf-8", "replace")) <= _LOOP_FILLER:
                 if text.isascii():
-                    return at, end + shift
-                start = len(raw[:at].decode("utf-8", "ignore"))
+                    return at - shift, end
+                start = len(raw[: at - shift].decode("utf-8", "ignore"))
                 return start, start + len(region.decode("utf-8", "ignore"))
             at = diff.find(_ZEROS, end)
     return None
+
+
+def _control_tokens(text: str, *, has_lt: bool, reasoning: bool) -> list[re.Match[str]]:
+    """Leaked template tokens (rule 6); reasoning may open with <think>, only </think> is foreign there."""
+    found: list[re.Match[str]] = []
+    if has_lt:
+        found.extend(_CONTROL_TOKEN_RE.finditer(text))
+        if "think>" in text:
+            found.extend(m for m in _THINK_RE.finditer(text) if not (reasoning and m.group(0) == "<think>"))
+    if "$" in text:
+        found.extend(_PLACEHOLDER_RE.finditer(text))
+    return sorted(found, key=lambda m: m.start())
 
 
 def scan_text(text: str, field: str, *, reasoning: bool, tools_offered: bool) -> TextScan:
@@ -238,12 +257,9 @@ def scan_text(text: str, field: str, *, reasoning: bool, tools_offered: bool) ->
             m = _V3_RE.search(text)
             if m is not None:
                 out.add("v3-special-tokens", m.start(), m.end())
-    if has_lt or "$" in text:
-        for m in _CONTROL_RE.finditer(text):
-            if reasoning and m.group(0) == "<think>":
-                continue
-            if out.add("control-token-leak", m.start(), m.end()):
-                break
+    for m in _control_tokens(text, has_lt=has_lt, reasoning=reasoning):
+        if out.add("control-token-leak", m.start(), m.end()):
+            break
     if len(text) >= 2 * _DUP_MIN:
         span = _duplicated(text)
         if span is not None:
@@ -255,13 +271,23 @@ def scan_text(text: str, field: str, *, reasoning: bool, tools_offered: bool) ->
 
 def _scan_soft(text: str, out: _Collector) -> None:
     """Soft rule 10: repetition loops and runs of rare characters."""
-    span = _loop(text)
+    raw = text.encode("utf-8", "surrogatepass")
+    span = _loop(text, raw)
     if span is not None:
         out.add("repetition-loop", *span, quotable=False)
-    if not text.isascii() or not text.replace("\n", "").replace("\t", "").replace("\r", "").isprintable():
+    # Printable ASCII cannot hold a rare character; only other text pays for the regular expression.
+    if raw.translate(None, _PLAIN_ASCII):
         m = _RARE_RE.search(text)
         if m is not None:
             out.add("rare-chars", m.start(), m.end(), quotable=False)
+
+
+def _unescaped(text: str) -> str:
+    """JSON text with its \\u escapes resolved, so an escaped sentinel (\\uff5cDSML\\uff5c) is seen."""
+    try:
+        return json.dumps(json.loads(text), ensure_ascii=False)
+    except ValueError:
+        return text
 
 
 def scan_arguments(text: str, field: str) -> list[Finding]:
@@ -269,6 +295,8 @@ def scan_arguments(text: str, field: str) -> list[Finding]:
     out = _Collector(text, field)
     if "dsml" in text.lower():
         m = SENTINEL_ANY_RE.search(text)
+        if m is None and "\\u" in text:
+            m = SENTINEL_ANY_RE.search(_unescaped(text))
         if m is not None:
             out.add("args-dsml", m.start(), m.end(), quotable=False)
     _scan_soft(text, out)

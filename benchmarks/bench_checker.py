@@ -1,0 +1,140 @@
+"""Verdicts per second of dsml_checker.check on realistic ~2 KB turns, clean, corrupt and mixed, on one core.
+
+Run: `python benchmarks/bench_checker.py [--seconds S]`. The target is 20,000 verdicts/s for the mix, so the
+checker never limits a load run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+from typing import Any
+
+from dsml_checker import ToolCall, check, render_calls
+
+WORDS = (
+    "the cache layer request token server latency weather forecast Paris Rome index prefix batch decode "
+    "result check value session agent tool output report table config memory host device copy load"
+).split()
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "days": {"type": "integer", "minimum": 1}},
+                "required": ["city"],
+                "additionalProperties": False,
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "search_docs",
+            "parameters": {
+                "type": "object",
+                "properties": {"query": {"type": "string"}, "limit": {"type": "integer"}, "tags": {"type": "array", "items": {"type": "string"}}},
+                "required": ["query"],
+            },
+        },
+    },
+]
+
+
+def _prose(rng: random.Random, size: int) -> str:
+    """Markdown-ish answer text: sentences, a list, a small table, an inline code span, a comparison."""
+    parts: list[str] = []
+    while sum(map(len, parts)) < size:
+        kind = rng.random()
+        if kind < 0.6:
+            sentence = " ".join(rng.choice(WORDS) for _ in range(rng.randint(8, 20)))
+            parts.append(sentence.capitalize() + ". ")
+        elif kind < 0.75:
+            parts.append("\n- " + " ".join(rng.choice(WORDS) for _ in range(6)) + "\n")
+        elif kind < 0.85:
+            parts.append(f"\n| layer | ms |\n|---|---|\n| {rng.randint(0, 60)} | {rng.random():.2f} |\n")
+        elif kind < 0.95:
+            parts.append(f"Use `cache_{rng.choice(WORDS)}` when 3 < {rng.randint(4, 9)}. ")
+        else:
+            parts.append("\n\n")
+    return "".join(parts)[:size]
+
+
+def _call_message(rng: random.Random) -> dict[str, Any]:
+    args = {"query": _prose(rng, 600), "limit": 5, "tags": ["a", "b"]}
+    return {
+        "role": "assistant",
+        "content": _prose(rng, 300),
+        "reasoning_content": _prose(rng, 900),
+        "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "search_docs", "arguments": json.dumps(args)}}],
+    }
+
+
+def clean_turns(rng: random.Random, n: int) -> list[tuple[dict[str, Any], str]]:
+    turns = []
+    for i in range(n):
+        if i % 2:
+            turns.append((_call_message(rng), "tool_calls"))
+        else:
+            turns.append(({"role": "assistant", "content": _prose(rng, 1400), "reasoning_content": _prose(rng, 600)}, "stop"))
+    return turns
+
+
+def corrupt_turns(rng: random.Random, n: int) -> list[tuple[dict[str, Any], str]]:
+    turns = []
+    for i in range(n):
+        block = render_calls([ToolCall("get_weather", {"city": "Paris", "days": 3}), ToolCall("search_docs", {"query": _prose(rng, 200)})])
+        prose = _prose(rng, 1500)
+        shape = i % 5
+        if shape == 0:  # the classic leak: well-formed block delivered as content
+            msg = {"content": prose + "\n\n" + block}
+        elif shape == 1:  # garbled bars, truncated
+            msg = {"content": prose + "\n\n" + block.replace("｜DSML｜", "|DSML|")[: len(block) // 2]}
+        elif shape == 2:  # block stayed in reasoning
+            msg = {"content": "", "reasoning_content": prose + block}
+        elif shape == 3:  # re-sent buffer
+            msg = {"content": prose[:1000] + prose[:1000]}
+        else:  # DSML inside arguments
+            args = json.dumps({"city": "Paris</｜DSML｜parameter>", "days": 2})
+            msg = {"content": prose, "tool_calls": [{"id": "c", "type": "function", "function": {"name": "get_weather", "arguments": args}}]}
+        turns.append((msg, "stop"))
+    return turns
+
+
+def measure(turns: list[tuple[dict[str, Any], str]], seconds: float) -> float:
+    done = 0
+    start = time.perf_counter()
+    deadline = start + seconds
+    while time.perf_counter() < deadline:
+        for message, finish in turns:
+            check(message, finish_reason=finish, tools=TOOLS)
+        done += len(turns)
+    return done / (time.perf_counter() - start)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=2.0, help="time per measurement")
+    opts = parser.parse_args()
+    rng = random.Random(7)
+    clean = clean_turns(rng, 200)
+    corrupt = corrupt_turns(rng, 200)
+    for msg, finish in clean:
+        verdict = check(msg, finish_reason=finish, tools=TOOLS)
+        assert verdict.label == "clean", (verdict.to_dict(), msg)
+    for msg, finish in corrupt:
+        assert check(msg, finish_reason=finish, tools=TOOLS).label == "corrupt", msg
+    mix = clean + corrupt
+    rng.shuffle(mix)
+    size = sum(len(json.dumps(m, ensure_ascii=False)) for m, _ in mix) / len(mix)
+    print(f"mean message size: {size:.0f} bytes (JSON)")
+    for name, turns in (("clean", clean), ("corrupt", corrupt), ("mix", mix)):
+        print(f"{name:8s} {measure(turns, opts.seconds):10,.0f} verdicts/s")
+
+
+if __name__ == "__main__":
+    main()

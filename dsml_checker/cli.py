@@ -1,0 +1,131 @@
+"""`dsml-check FILE|-`: judge JSON lines of chat completions; one JSON verdict per line, a summary on stderr.
+
+Each input line is an OpenAI `chat.completion` object or `{"message": …, "finish_reason": …}`, optionally with
+`"request": {"tools": […], "tool_choice": …}`. Exit 0 when every input is clean or suspect, 1 when any is
+corrupt (or suspect, with --strict), 2 on unreadable input, naming the line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+from dataclasses import dataclass
+from typing import IO, Any, Iterator
+
+from dsml_checker.check import check
+
+EXIT_CLEAN = 0
+EXIT_CORRUPT = 1
+EXIT_UNREADABLE = 2
+
+
+class InputError(Exception):
+    """An input line that cannot be judged: its message names the source and line."""
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One judged input: the message, how it finished, and the request's tools and tool_choice."""
+
+    line: int
+    message: Any
+    finish_reason: Any
+    tools: Any
+    tool_choice: Any
+    response_id: str | None
+
+
+def _turn(obj: Any, where: str, line: int) -> Turn:
+    if not isinstance(obj, dict):
+        raise InputError(f"{where}: expected a JSON object, found {type(obj).__name__}")
+    request = obj.get("request")
+    if request is not None and not isinstance(request, dict):
+        raise InputError(f'{where}: "request" must be an object')
+    request = request or {}
+    response_id = obj.get("id") if isinstance(obj.get("id"), str) else None
+    if "choices" in obj:
+        choices = obj["choices"]
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+            raise InputError(f'{where}: "choices" must be a non-empty list of objects')
+        message, finish = choices[0].get("message"), choices[0].get("finish_reason")
+    elif "message" in obj:
+        message, finish = obj["message"], obj.get("finish_reason")
+    else:
+        raise InputError(f'{where}: expected a chat.completion object (with "choices") or {{"message": …}}')
+    return Turn(line, message, finish, request.get("tools"), request.get("tool_choice"), response_id)
+
+
+def read_turns(stream: IO[bytes], source: str) -> Iterator[Turn]:
+    """Parse JSON lines lazily, so verdicts for good lines come out before a bad line stops the run."""
+    for number, raw in enumerate(stream, start=1):
+        where = f"{source}:{number}"
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise InputError(f"{where}: not UTF-8 ({err.reason} at byte {err.start})") from None
+        if not text.strip():
+            continue
+        try:
+            obj = json.loads(text)
+        except ValueError as err:
+            raise InputError(f"{where}: not valid JSON ({err})") from None
+        yield _turn(obj, where, number)
+
+
+def _open(path: str) -> IO[bytes]:
+    if path == "-":
+        return sys.stdin.buffer
+    try:
+        return open(path, "rb")  # noqa: SIM115 - closed by main
+    except OSError as err:
+        raise InputError(f"cannot read {path}: {err.strerror}") from None
+
+
+def run(path: str, *, strict: bool, out: IO[str], err: IO[str]) -> int:
+    """Judge every line of `path`, write verdicts to `out` and the summary to `err`; return the exit code."""
+    counts: Counter[str] = Counter()
+    source = "<stdin>" if path == "-" else path
+    try:
+        stream = _open(path)
+        try:
+            for turn in read_turns(stream, source):
+                verdict = check(turn.message, finish_reason=turn.finish_reason, tools=turn.tools, tool_choice=turn.tool_choice)
+                counts[verdict.label] += 1
+                row = {"line": turn.line, "id": turn.response_id, **verdict.to_dict()}
+                out.write(json.dumps(row, ensure_ascii=False) + "\n")
+        finally:
+            if stream is not sys.stdin.buffer:
+                stream.close()
+    except InputError as problem:
+        out.flush()
+        err.write(f"dsml-check: error: {problem}\n")
+        return EXIT_UNREADABLE
+    total = sum(counts.values())
+    err.write(
+        f"dsml-check: {total} input{'s' if total != 1 else ''}: {counts['clean']} clean, "
+        f"{counts['corrupt']} corrupt, {counts['suspect']} suspect\n"
+    )
+    if counts["corrupt"] or (strict and counts["suspect"]):
+        return EXIT_CORRUPT
+    return EXIT_CLEAN
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="dsml-check", description="Judge chat completions (JSON lines) for broken DeepSeek DSML tool-call markup."
+    )
+    parser.add_argument("file", help="JSON-lines file of chat.completion objects or {message, finish_reason}; - for stdin")
+    parser.add_argument("--strict", action="store_true", help="count suspect turns (soft findings) as failures")
+    opts = parser.parse_args(argv)
+    try:
+        code = run(opts.file, strict=opts.strict, out=sys.stdout, err=sys.stderr)
+    except KeyboardInterrupt:
+        sys.stderr.write("dsml-check: interrupted\n")
+        code = 130
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()
