@@ -1,7 +1,7 @@
 """The matrix spec: a validated model of the YAML file, and its loader that names the field and line of
 any error.
 
-Strings in deployments and levels may use `${name}` variables: those declared under `variables:`
+Strings in deployments and levels may use `${name}` variables (bare `$VAR` is left to the shell): those declared under `variables:`
 (overridable with `--var name=value`; the value `auto` means a fresh free port for every cell) and the
 built-ins of BUILTIN_VARIABLES.
 """
@@ -28,6 +28,20 @@ AUTO = "auto"
 
 LOAD_SET_BY_MATRIX = ("base_url", "out")
 """`repro run` options the matrix sets per cell; a spec must not set them."""
+
+
+class Template(string.Template):
+    """`${name}` only: a bare `$VAR`, `$!` or `$(...)` in a shell command is left for the shell.
+    `$${VAR}` passes a literal `${VAR}` through."""
+
+    pattern = r"""
+    \$(?:
+      (?P<escaped>\$(?=\{)) |
+      (?P<named>(?!x)x) |
+      \{(?P<braced>[_a-zA-Z][_a-zA-Z0-9]*)\} |
+      (?P<invalid>(?!x)x)
+    )
+    """
 
 
 class _Model(BaseModel):
@@ -264,11 +278,7 @@ class MatrixSpec(_Model):
                 known |= set(level.vars)
         found: list[tuple[tuple, str]] = []
         for where, text in self._templates():
-            template = string.Template(text)
-            if not template.is_valid():
-                found.append((where, f"malformed ${{...}} in {text!r}"))
-                continue
-            unknown = sorted(set(template.get_identifiers()) - known)
+            unknown = sorted(set(Template(text).get_identifiers()) - known)
             if unknown:
                 found.append((where, f"unknown variable {unknown[0]!r} (declare it under variables)"))
         return found

@@ -1,0 +1,365 @@
+"""Launch and tear down one matrix cell's deployment: a single server, several processes (prefill,
+decode, router), or an external cluster through setup/teardown hooks; wait for readiness; confirm
+through `/server_info` that the cell runs the configuration the spec asked for.
+
+`resolve` is pure apart from drawing free ports; `CellDeployment` does the I/O.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+import time
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import httpx
+
+from repro.errors import TargetError, UsageError
+from repro.matrix.design import PlannedRun
+from repro.matrix.spec import AUTO, Level, MatrixSpec, ProcessSpec, Template
+from repro.procs import ManagedProcess, free_port, start_process, wait_http_ready
+from repro.store import dump_json
+
+PROCESSES_FILE = "processes.json"
+"""Written into the cell's log directory as each process starts: name, pid and process group."""
+
+
+class ConfirmationError(TargetError):
+    """The server's own account of its configuration contradicts the spec: the cell must not count."""
+
+
+@dataclass(frozen=True)
+class ProcessLaunch:
+    """One process of a resolved deployment; `argv` is None for an external target we only watch."""
+
+    name: str
+    argv: list[str] | None
+    env: dict[str, str]
+    ready_url: str | None
+    info_url: str | None
+    expect: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """Everything needed to start one cell, with variables substituted."""
+
+    deployment: str
+    url: str
+    """Base URL for the load, without /v1."""
+    processes: list[ProcessLaunch]
+    ready_timeout: float
+    ready_interval: float
+    stop_timeout: float
+    setup: list[str] | None = None
+    teardown: list[str] | None = None
+    hook_env: dict[str, str] = field(default_factory=dict)
+    hook_timeout: float = 0.0
+    flags: list[str] = field(default_factory=list)
+    """Every flag of the cell's levels, for the record."""
+
+
+def run_seed(spec: MatrixSpec, run: PlannedRun) -> int:
+    """A stable per-run seed, so a resumed matrix reruns a cell with the seed it would have had."""
+    return zlib.crc32(f"{spec.design.seed}:{run.cell.name}:{run.replicate}".encode()) % 1_000_000
+
+
+def _levels(spec: MatrixSpec, run: PlannedRun) -> list[tuple[str, Level]]:
+    return [(factor, spec.factors[factor].level(level)) for factor, level in run.cell.levels]
+
+
+def _deployment_name(spec: MatrixSpec, levels: list[tuple[str, Level]]) -> str:
+    chosen = {(factor, level.deployment) for factor, level in levels if level.deployment is not None}
+    names = {name for _, name in chosen}
+    if len(names) > 1:
+        detail = ", ".join(f"{factor} selects {name!r}" for factor, name in sorted(chosen))
+        raise UsageError(f"levels select different deployments in one cell: {detail}")
+    return names.pop() if names else next(iter(spec.named_deployments()))
+
+
+def _applies(level: Level, process: ProcessSpec) -> bool:
+    return process.name in level.processes if level.processes is not None else process.features
+
+
+def resolve(
+    spec: MatrixSpec,
+    run: PlannedRun,
+    *,
+    log_dir: Path,
+    port_source: Callable[[], int] = free_port,
+) -> LaunchPlan:
+    """Substitute variables and levels into the deployment of `run`'s cell."""
+    levels = _levels(spec, run)
+    name = _deployment_name(spec, levels)
+    deployment = spec.named_deployments()[name]
+    variables = {key: str(port_source()) if value == AUTO else value for key, value in spec.variables.items()}
+    # A level's variables may name the spec's own (image: ${bf16_image}): substitute them once.
+    declared = dict(variables)
+    for _, level in levels:
+        variables.update({k: Template(v).safe_substitute(declared) for k, v in level.vars.items()})
+    variables.update(
+        python=sys.executable,
+        cell=run.cell.name,
+        replicate=str(run.replicate),
+        run_seed=str(run_seed(spec, run)),
+        log_dir=str(log_dir),
+    )
+
+    def sub(text: str, extra: dict[str, str] | None = None) -> str:
+        try:
+            return Template(text).substitute({**variables, **(extra or {})})
+        except (KeyError, ValueError) as err:
+            raise UsageError(f"cannot substitute variables in {text!r}: {err}") from None
+
+    all_flags = [sub(flag) for _, level in levels for flag in level.flags]
+    base_env = {key: sub(value) for key, value in deployment.env.items()}
+    processes: list[ProcessLaunch] = []
+    for proc in deployment.process_specs():
+        applying = [level for _, level in levels if _applies(level, proc)]
+        command = next((lv.command for lv in reversed(applying) if lv.command is not None), proc.command)
+        flags = [sub(flag) for level in applying for flag in level.flags]
+        argv = shlex.split(sub(command, {"flags": shlex.join(flags)}))
+        if "flags" not in Template(command).get_identifiers():
+            argv += flags
+        env = {**base_env, **{k: sub(v) for k, v in proc.env.items()}}
+        expect = dict(proc.confirm)
+        for level in applying:
+            env.update({k: sub(v) for k, v in level.env.items()})
+            expect.update(level.confirm)
+        port = sub(str(proc.port)) if proc.port is not None else None
+        ready = sub(proc.ready_url) if proc.ready_url else (f"http://127.0.0.1:{port}/health" if port else None)
+        if ready is None:
+            raise UsageError(f"deployment {name!r}: process {proc.name!r} needs a port or a ready_url")
+        info = _info_url(proc.info_url, port, sub)
+        processes.append(ProcessLaunch(proc.name, argv, env, ready, info, expect))
+
+    hooks: dict[str, Any] = {}
+    if deployment.external is not None:
+        ext = deployment.external
+        extra = {"flags": shlex.join(all_flags)}
+        expect = {k: v for _, level in levels for k, v in level.confirm.items()}
+        ready = sub(ext.ready_url) if ext.ready_url else sub(ext.url).rstrip("/") + "/health"
+        info = sub(ext.info_url) if ext.info_url is not None else sub(ext.url).rstrip("/") + "/server_info"
+        processes.append(ProcessLaunch("external", None, {}, ready, info or None, expect))
+        env = {**base_env, **{k: sub(v) for _, level in levels for k, v in level.env.items()}}
+        hooks = dict(
+            setup=["bash", "-c", sub(ext.setup, extra)],
+            teardown=["bash", "-c", sub(ext.teardown, extra)],
+            hook_env={**env, "REPRO_FLAGS": shlex.join(all_flags), "REPRO_CELL": run.cell.name},
+            hook_timeout=ext.hook_timeout,
+        )
+        url = sub(ext.url)
+    elif deployment.url is not None:
+        url = sub(deployment.url)
+    else:
+        last = deployment.process_specs()[-1]
+        if last.port is None:
+            raise UsageError(f"deployment {name!r}: give url, or a port on process {last.name!r}")
+        url = f"http://127.0.0.1:{sub(str(last.port))}"
+    return LaunchPlan(
+        deployment=name,
+        url=url.rstrip("/"),
+        processes=processes,
+        ready_timeout=deployment.ready.timeout,
+        ready_interval=deployment.ready.interval,
+        stop_timeout=deployment.stop_timeout,
+        flags=all_flags,
+        **hooks,
+    )
+
+
+def _info_url(given: str | None, port: str | None, sub: Callable[[str], str]) -> str | None:
+    if given is not None:
+        return sub(given) or None
+    return f"http://127.0.0.1:{port}/server_info" if port else None
+
+
+def _lookup(info: dict[str, Any], key: str) -> tuple[bool, Any]:
+    if key in info:
+        return True, info[key]
+    node: Any = info
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False, None
+        node = node[part]
+    return True, node
+
+
+def _same(expected: Any, actual: Any) -> bool:
+    if isinstance(expected, bool) or isinstance(actual, bool):
+        return expected is actual
+    if isinstance(expected, (int, float)) and isinstance(actual, (int, float)):
+        return float(expected) == float(actual)
+    if expected is None or actual is None:
+        return expected is actual
+    return str(expected) == str(actual)
+
+
+def mismatches(expect: dict[str, Any], info: dict[str, Any]) -> list[str]:
+    """What `/server_info` shows differently from what the spec asked for, one phrase per key."""
+    found = []
+    for key, expected in expect.items():
+        present, actual = _lookup(info, key)
+        if not present:
+            found.append(f"{key} is absent, the spec asked for {expected!r}")
+        elif not _same(expected, actual):
+            found.append(f"{key} is {actual!r}, the spec asked for {expected!r}")
+    return found
+
+
+def fetch_server_info(url: str, *, timeout: float = 10.0) -> dict[str, Any] | None:
+    """The server's configuration from `url` (or the older /get_server_info beside it); None when it has neither."""
+    candidates = [url]
+    if url.endswith("/server_info"):
+        candidates.append(url[: -len("/server_info")] + "/get_server_info")
+    with httpx.Client(timeout=timeout, trust_env=False) as client:
+        for candidate in candidates:
+            try:
+                response = client.get(candidate)
+            except httpx.HTTPError as err:
+                raise TargetError(f"{candidate}: cannot read the server configuration: {type(err).__name__}") from None
+            if response.status_code == 404:
+                continue
+            try:
+                data = response.json()
+            except ValueError:
+                return None
+            return data if response.status_code == 200 and isinstance(data, dict) else None
+    return None
+
+
+@dataclass
+class Confirmation:
+    """What each process reported, and whether every expected key matched."""
+
+    server_info: dict[str, dict[str, Any] | None] = field(default_factory=dict)
+    unconfirmed: list[str] = field(default_factory=list)
+    """Processes that were asked to confirm keys but have no /server_info."""
+
+
+class CellDeployment:
+    """A context manager: entering launches the cell and confirms it, leaving tears everything down."""
+
+    def __init__(self, plan: LaunchPlan, log_dir: Path, *, cell: str) -> None:
+        self.plan = plan
+        self.log_dir = Path(log_dir)
+        self.cell = cell
+        self._procs: list[tuple[str, ManagedProcess]] = []
+        """Live processes, stopped at teardown."""
+        self._started: list[dict[str, Any]] = []
+        self._set_up = False
+
+    def __enter__(self) -> Confirmation:
+        try:
+            return self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _record(self, name: str, proc: ManagedProcess) -> None:
+        # Written before waiting on anything, so a post-mortem (or a test) can find every group we own.
+        self._procs.append((name, proc))
+        self._started.append({"name": name, "pid": proc.pid, "pgid": proc.pgid})
+        dump_json(self.log_dir / PROCESSES_FILE, self._started)
+
+    def _run_hook(self, name: str, argv: list[str]) -> None:
+        proc = start_process(argv, log_path=self.log_dir / f"{name}.log", env=self.plan.hook_env)
+        self._record(name, proc)
+        deadline = time.monotonic() + self.plan.hook_timeout
+        while proc.alive and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if proc.alive:
+            proc.stop(self.plan.stop_timeout)
+            raise TargetError(f"cell {self.cell}: {name} hook still running after {self.plan.hook_timeout:g}s")
+        if proc.returncode != 0:
+            tail = " | ".join(line for line in proc.log_tail(5).splitlines() if line.strip())
+            raise TargetError(
+                f"cell {self.cell}: {name} hook exited with code {proc.returncode}" + (f": {tail}" if tail else "")
+            )
+
+    def _start(self) -> Confirmation:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        if self.plan.setup:
+            self._set_up = True
+            self._run_hook("setup", self.plan.setup)
+        waiting: list[tuple[ProcessLaunch, ManagedProcess | None]] = []
+        for launch in self.plan.processes:
+            if launch.argv is None:
+                waiting.append((launch, None))
+                continue
+            proc = start_process(launch.argv, log_path=self.log_dir / f"{launch.name}.log", env=launch.env)
+            self._record(launch.name, proc)
+            waiting.append((launch, proc))
+        deadline = time.monotonic() + self.plan.ready_timeout
+        for launch, proc in waiting:
+            assert launch.ready_url is not None
+            try:
+                wait_http_ready(
+                    launch.ready_url,
+                    timeout=max(0.0, deadline - time.monotonic()),
+                    interval=self.plan.ready_interval,
+                    process=proc,
+                )
+            except TargetError as err:
+                # One line: the CLI prints errors on one line, the log tail joined with " | ".
+                detail = " | ".join(line for line in str(err).splitlines() if line.strip())
+                raise TargetError(
+                    f"cell {self.cell}: {launch.name}: {detail} "
+                    f"(ready timeout {self.plan.ready_timeout:g}s for the whole deployment)"
+                ) from None
+        return self._confirm()
+
+    def _confirm(self) -> Confirmation:
+        result = Confirmation()
+        for launch in self.plan.processes:
+            info = fetch_server_info(launch.info_url) if launch.info_url else None
+            result.server_info[launch.name] = info
+            if info is None:
+                if launch.expect:
+                    result.unconfirmed.append(launch.name)
+                continue
+            wrong = mismatches(launch.expect, info)
+            if wrong:
+                raise ConfirmationError(
+                    f"cell {self.cell}: {launch.name} does not run the configuration asked for: {'; '.join(wrong)}"
+                )
+        return result
+
+    def stop(self) -> None:
+        """Stop every process (routers first, as they were started last), then run the teardown hook."""
+        procs, self._procs = self._procs, []
+        for _, proc in reversed(procs):
+            proc.stop(self.plan.stop_timeout)
+        if self._set_up and self.plan.teardown:
+            self._set_up = False
+            try:
+                self._run_hook("teardown", self.plan.teardown)
+            finally:
+                for _, proc in self._procs:
+                    proc.stop(self.plan.stop_timeout)
+                self._procs = []
+
+
+def describe(plan: LaunchPlan) -> dict[str, Any]:
+    """The resolved launch, for the cell's record (environment values are left out: they may hold secrets)."""
+    return {
+        "deployment": plan.deployment,
+        "url": plan.url,
+        "flags": plan.flags,
+        "processes": [
+            {"name": p.name, "argv": p.argv, "env_keys": sorted(p.env), "expect": p.expect} for p in plan.processes
+        ],
+    }
+
+
+def processes_file(log_dir: Path) -> list[dict[str, Any]]:
+    """The processes a cell started (for tests and post-mortems)."""
+    path = Path(log_dir) / PROCESSES_FILE
+    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else []

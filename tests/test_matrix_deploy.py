@@ -1,0 +1,196 @@
+"""Launching matrix cells for real: simulator processes, a PD topology, external hooks, readiness
+failures, and `/server_info` confirmation that stops a cell running the wrong configuration."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from repro.errors import TargetError, UsageError
+from repro.matrix.deploy import CellDeployment, ConfirmationError, mismatches, processes_file, resolve
+from repro.matrix.design import plan
+from repro.matrix.spec import MatrixSpec
+
+SIM = "${python} -m repro.sim serve --host 127.0.0.1 --port ${port} --time-scale 0"
+READY = {"timeout": 30, "interval": 0.05}
+
+
+def group_gone(pgid: int, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def spec_of(factors: dict[str, Any], deployment: dict[str, Any], **extra: Any) -> MatrixSpec:
+    spec = MatrixSpec.model_validate(
+        {"name": "d", "variables": {"port": "auto", **extra.pop("variables", {})}, "factors": factors,
+         "deployment": deployment, **extra}
+    )
+    assert spec.problems() == []
+    return spec
+
+
+HICACHE = {
+    "levels": {
+        "off": {"confirm": {"enable_hierarchical_cache": False}},
+        "on": {"flags": "--enable-hierarchical-cache", "confirm": {"enable_hierarchical_cache": True}},
+    }
+}
+
+
+def run_for(spec: MatrixSpec, **levels: str):
+    return next(r for r in plan(spec) if r.cell.as_dict() == levels)
+
+
+def test_single_server_cell_is_confirmed_and_torn_down(tmp_path: Path) -> None:
+    spec = spec_of({"hicache": HICACHE}, {"command": SIM, "port": "${port}", "ready": READY})
+    launch = resolve(spec, run_for(spec, hicache="on"), log_dir=tmp_path)
+    assert launch.processes[0].argv[-1] == "--enable-hierarchical-cache"
+    with CellDeployment(launch, tmp_path, cell="c") as confirmation:
+        info = confirmation.server_info["server"]
+        assert info is not None and info["enable_hierarchical_cache"] is True
+        assert httpx.get(f"{launch.url}/v1/models", timeout=5).status_code == 200
+        (entry,) = processes_file(tmp_path)
+    assert entry["name"] == "server"
+    assert group_gone(entry["pgid"])
+    assert "fired up" in (tmp_path / "server.log").read_text()
+
+
+def test_configuration_mismatch_stops_the_cell_with_key_expected_and_actual(tmp_path: Path) -> None:
+    # The seeds' trap: a level that claims HiCache on but launches without the flag.
+    lying = {"levels": {"off": {}, "on": {"confirm": {"enable_hierarchical_cache": True}}}}
+    spec = spec_of({"hicache": lying}, {"command": SIM, "port": "${port}", "ready": READY})
+    launch = resolve(spec, run_for(spec, hicache="on"), log_dir=tmp_path)
+    with pytest.raises(ConfirmationError) as info:
+        with CellDeployment(launch, tmp_path, cell="hicache-on-r1"):
+            pytest.fail("a mismatched cell must not run")
+    message = str(info.value)
+    assert "hicache-on-r1" in message and "enable_hierarchical_cache is False, the spec asked for True" in message
+    assert info.value.exit_code == 3
+    assert group_gone(processes_file(tmp_path)[0]["pgid"])
+
+
+def test_pd_topology_applies_levels_per_process_and_confirms_each(tmp_path: Path) -> None:
+    deployment = {
+        "processes": [
+            {"name": "prefill", "command": SIM.replace("${port}", "${p_port}") + " --disaggregation-mode prefill",
+             "port": "${p_port}", "confirm": {"disaggregation_mode": "prefill"}},
+            {"name": "decode", "command": SIM.replace("${port}", "${d_port}") + " --disaggregation-mode decode",
+             "port": "${d_port}", "confirm": {"disaggregation_mode": "decode"}},
+            # A stand-in router: takes no feature flags, so its /server_info must show HiCache off.
+            {"name": "router", "command": SIM, "port": "${port}", "features": False,
+             "confirm": {"enable_hierarchical_cache": False}},
+        ],
+        "ready": READY,
+    }
+    spec = spec_of({"hicache": HICACHE}, deployment, variables={"p_port": "auto", "d_port": "auto"})
+    launch = resolve(spec, run_for(spec, hicache="on"), log_dir=tmp_path)
+    assert [p.name for p in launch.processes] == ["prefill", "decode", "router"]
+    with CellDeployment(launch, tmp_path, cell="pd") as confirmation:
+        assert confirmation.server_info["prefill"]["disaggregation_mode"] == "prefill"
+        assert confirmation.server_info["decode"]["enable_hierarchical_cache"] is True
+        assert confirmation.server_info["router"]["enable_hierarchical_cache"] is False
+        assert launch.url.endswith(launch.processes[2].ready_url.rsplit(":", 1)[1].split("/")[0])
+        groups = [p["pgid"] for p in processes_file(tmp_path)]
+    assert len(groups) == 3 and all(group_gone(g) for g in groups)
+
+
+def test_process_that_dies_before_ready_names_itself_and_its_output(tmp_path: Path) -> None:
+    crash = f"{sys.executable} -c \"import sys; print('no GPU found'); sys.exit(7)\""
+    spec = spec_of({"x": {"levels": {"a": {}, "b": {}}}}, {"command": crash, "port": "${port}", "ready": READY})
+    launch = resolve(spec, plan(spec)[0], log_dir=tmp_path)
+    with pytest.raises(TargetError, match="code 7 before .* its output ends with: | no GPU found"):
+        with CellDeployment(launch, tmp_path, cell="c"):
+            pass
+
+
+def test_readiness_timeout_stops_the_group(tmp_path: Path) -> None:
+    spec = spec_of(
+        {"x": {"levels": {"a": {}, "b": {}}}},
+        {"command": "sleep 60", "port": "${port}", "ready": {"timeout": 0.5, "interval": 0.05}},
+    )
+    launch = resolve(spec, plan(spec)[0], log_dir=tmp_path)
+    with pytest.raises(TargetError, match="not ready after .*ready timeout 0.5s"):
+        with CellDeployment(launch, tmp_path, cell="c"):
+            pass
+    assert group_gone(processes_file(tmp_path)[0]["pgid"])
+
+
+def test_external_hooks_get_the_flags_and_always_tear_down(tmp_path: Path) -> None:
+    state = tmp_path / "cluster"
+    state.mkdir()
+    setup = (
+        f"echo \"$REPRO_FLAGS\" > {state}/flags; "
+        f"nohup {SIM} $REPRO_FLAGS > {state}/sim.log 2>&1 & echo $! > {state}/pid"
+    )
+    teardown = f"kill $(cat {state}/pid); echo done > {state}/torn-down"
+    deployment = {"external": {"setup": setup, "teardown": teardown, "url": "http://127.0.0.1:${port}",
+                               "hook_timeout": 20}, "ready": READY}
+    spec = spec_of({"hicache": HICACHE}, deployment)
+    launch = resolve(spec, run_for(spec, hicache="on"), log_dir=tmp_path / "logs")
+    with CellDeployment(launch, tmp_path / "logs", cell="ext") as confirmation:
+        assert confirmation.server_info["external"]["enable_hierarchical_cache"] is True
+    assert (state / "flags").read_text().strip() == "--enable-hierarchical-cache"
+    assert (state / "torn-down").exists()
+    pid = int((state / "pid").read_text())
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
+        time.sleep(0.05)
+    assert not Path(f"/proc/{pid}").exists()
+
+
+def test_failing_setup_hook_is_a_target_error_and_teardown_still_runs(tmp_path: Path) -> None:
+    marker = tmp_path / "torn-down"
+    deployment = {"external": {"setup": "echo quota exceeded; exit 4", "teardown": f"touch {marker}",
+                               "url": "http://127.0.0.1:${port}", "hook_timeout": 20}, "ready": READY}
+    spec = spec_of({"hicache": HICACHE}, deployment)
+    launch = resolve(spec, plan(spec)[0], log_dir=tmp_path)
+    with pytest.raises(TargetError, match="setup hook exited with code 4: quota exceeded"):
+        with CellDeployment(launch, tmp_path, cell="ext"):
+            pass
+    assert marker.exists()
+
+
+def test_levels_selecting_two_deployments_in_one_cell_is_a_usage_error(tmp_path: Path) -> None:
+    spec = MatrixSpec.model_validate(
+        {
+            "name": "d",
+            "factors": {"a": {"levels": {"x": {"deployment": "one"}, "y": {}}},
+                        "b": {"levels": {"x": {"deployment": "two"}, "y": {}}}},
+            "deployments": {"one": {"command": "true", "port": 1}, "two": {"command": "true", "port": 2}},
+        }
+    )
+    with pytest.raises(UsageError, match="a selects 'one', b selects 'two'"):
+        resolve(spec, run_for(spec, a="x", b="x"), log_dir=tmp_path)
+
+
+def test_level_command_and_vars_replace_the_build(tmp_path: Path) -> None:
+    spec = spec_of(
+        {"index_k": {"levels": {"fp8": {}, "bf16": {"vars": {"image": "${patched}"}, "env": {"IDX": "bf16"}}}}},
+        {"command": "run ${image} --port ${port} ${flags} --tail", "port": "${port}"},
+        variables={"image": "upstream", "patched": "local/bf16"},
+    )
+    launch = resolve(spec, run_for(spec, index_k="bf16"), log_dir=tmp_path, port_source=lambda: 4242)
+    assert launch.processes[0].argv == ["run", "local/bf16", "--port", "4242", "--tail"]
+    assert launch.processes[0].env == {"IDX": "bf16"}
+    assert launch.url == "http://127.0.0.1:4242"
+
+
+def test_mismatches_compare_types_strictly() -> None:
+    info = {"enable_hierarchical_cache": True, "page_size": 256, "kv": {"dtype": "fp8"}}
+    assert mismatches({"enable_hierarchical_cache": True, "page_size": 256.0, "kv.dtype": "fp8"}, info) == []
+    assert mismatches({"enable_hierarchical_cache": "true"}, info) == [
+        "enable_hierarchical_cache is True, the spec asked for 'true'"
+    ]
+    assert mismatches({"index_k_dtype": "bf16"}, info) == ["index_k_dtype is absent, the spec asked for 'bf16'"]
