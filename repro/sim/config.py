@@ -1,0 +1,111 @@
+"""The simulator's flags: SGLang's spelling where SGLang has the flag, the simulator's own otherwise.
+
+`parse_flags` turns a command line into a validated `SimConfig`; `server_info` reports it under
+SGLang's `/server_info` key names so the harness can confirm a configuration took effect.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any, Literal, NoReturn, Sequence
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from repro.errors import UsageError, describe_validation_error
+
+SIM_VERSION = "0.5.0-sim"
+
+
+class SimConfig(BaseModel):
+    """Every flag of `repro sim serve`. Field names are SGLang's server-arg names where they exist."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    host: str = "127.0.0.1"
+    port: int = Field(30000, ge=1, le=65535)
+    model_path: str = "deepseek-ai/DeepSeek-V4"
+    served_model_name: str = "deepseek-ai/DeepSeek-V4"
+    tool_call_parser: str = "deepseekv4"
+    reasoning_parser: str = "deepseek-v4"
+    kv_cache_dtype: str = "fp8_e4m3"
+    page_size: int = Field(64, ge=1)
+    max_running_requests: int = Field(64, ge=1)
+    max_total_tokens: int = Field(40_000, ge=1024)
+    """Device KV pool size in tokens: the prefix cache and the running requests share it."""
+    chunked_prefill_size: int = Field(16_384, ge=256)
+    enable_hierarchical_cache: bool = False
+    hicache_ratio: float = Field(2.0, gt=0)
+    hicache_write_policy: str = "write_through"
+    hicache_io_backend: str = "kernel"
+    hicache_mem_layout: str = "layer_first"
+    disable_overlap_schedule: bool = False
+    disable_cuda_graph: bool = False
+    disaggregation_mode: Literal["null", "prefill", "decode"] = "null"
+    enable_metrics: bool = True
+    enable_cache_report: bool = True
+    # The simulator's own flags.
+    index_k_dtype: Literal["fp8", "bf16"] = "fp8"
+    index_k_gate: bool = False
+    """The fix: the index-K read waits for its layer's load-back like the main-KV read does."""
+    time_scale: float = Field(0.25, ge=0)
+    """Real seconds per simulated second (0 runs the clock as fast as the CPU allows)."""
+    seed: int = 0
+    final_after_turns: int = Field(6, ge=1)
+    """Answer with a final text once the conversation holds this many assistant turns."""
+    fault_log: Path | None = None
+    warmup: float = Field(0.0, ge=0)
+    """Real seconds during which /health answers 503, as a starting server does."""
+
+
+_FLAG_HELP: dict[str, str] = {
+    "max_total_tokens": "device KV pool size in tokens",
+    "enable_hierarchical_cache": "HiCache: evicted prefix pages move to a host tier and are loaded back layer by layer",
+    "index_k_dtype": "index-K storage: bf16 copies twice the bytes of fp8 per layer",
+    "index_k_gate": "the fix: gate the index-K read on its layer's load-back",
+    "time_scale": "real seconds per simulated second",
+    "final_after_turns": "assistant turns before the model gives a final answer",
+    "fault_log": "JSON-lines file recording every injected fault (ground truth)",
+    "warmup": "seconds during which /health answers 503",
+}
+
+
+class _RaisingParser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"sim serve: {message}")
+
+
+def _build_parser(prog: str) -> argparse.ArgumentParser:
+    parser = _RaisingParser(prog=prog, description="Serve the embedded DeepSeek-V4 SGLang simulator.")
+    for name, field in SimConfig.model_fields.items():
+        flag = "--" + name.replace("_", "-")
+        help_text = _FLAG_HELP.get(name, "")
+        if field.annotation is bool:
+            parser.add_argument(flag, dest=name, action="store_true", default=None, help=help_text)
+        else:
+            parser.add_argument(flag, dest=name, default=None, help=f"{help_text} (default: {field.default})".strip())
+    # Accepted for command-line compatibility with SGLang launch lines; they change nothing here.
+    for ignored in ("--trust-remote-code", "--enable-deepseek-v4-fp4-indexer"):
+        parser.add_argument(ignored, action="store_true", help=argparse.SUPPRESS)
+    for ignored in ("--tp", "--tp-size", "--attention-backend", "--cuda-graph-max-bs", "--mem-fraction-static",
+                    "--disaggregation-transfer-backend", "--disaggregation-bootstrap-port",
+                    "--disaggregation-ib-device", "--hicache-size", "--hicache-storage-backend", "--base-gpu-id"):
+        parser.add_argument(ignored, help=argparse.SUPPRESS)
+    return parser
+
+
+def parse_flags(argv: Sequence[str], *, prog: str = "repro sim serve") -> SimConfig:
+    """A validated configuration from command-line flags; UsageError naming the bad flag otherwise."""
+    namespace = _build_parser(prog).parse_args(list(argv))
+    given = {name: value for name, value in vars(namespace).items() if name in SimConfig.model_fields and value is not None}
+    try:
+        return SimConfig(**given)
+    except ValidationError as err:
+        raise UsageError(describe_validation_error(err, source=prog)) from None
+
+
+def server_info(config: SimConfig) -> dict[str, Any]:
+    """The `/server_info` body: every flag under SGLang's key name, the version, and the simulator marker."""
+    info: dict[str, Any] = config.model_dump(mode="json")
+    info.update(version=SIM_VERSION, simulator=True)
+    return info

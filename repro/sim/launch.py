@@ -1,0 +1,51 @@
+"""Start the simulator as a real subprocess and wait until it answers: for `repro run`, the matrix and tests."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from repro.procs import ManagedProcess, free_port, start_process, wait_http_ready
+
+
+class SimHandle:
+    """A running simulator: its URLs and its process. A context manager; `stop()` works as well."""
+
+    def __init__(self, process: ManagedProcess, port: int) -> None:
+        self.process = process
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        self.base_url = f"{self.url}/v1"
+
+    def stop(self, timeout: float = 10.0) -> int | None:
+        return self.process.stop(timeout=timeout)
+
+    def __enter__(self) -> "SimHandle":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def start_sim(
+    args: Sequence[str] = (),
+    *,
+    port: int | None = None,
+    log_path: Path | None = None,
+    ready_timeout: float = 30.0,
+) -> SimHandle:
+    """Launch `python -m repro.sim serve --host 127.0.0.1 --port P *args` and wait for `/health` to answer 200.
+
+    Raises TargetError (with the log's tail) when the simulator exits or is not ready in time.
+    """
+    chosen = port if port is not None else free_port()
+    cmd = [sys.executable, "-m", "repro.sim", "serve", "--host", "127.0.0.1", "--port", str(chosen), *args]
+    process = start_process(cmd, log_path=log_path)
+    handle = SimHandle(process, chosen)
+    try:
+        wait_http_ready(f"{handle.url}/health", timeout=ready_timeout, process=process)
+    except BaseException:
+        handle.stop()
+        raise
+    return handle

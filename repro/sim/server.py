@@ -1,0 +1,258 @@
+"""The simulator's HTTP face: SGLang's endpoints over starlette, streaming with SSE, served by uvicorn."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import secrets
+import sys
+from dataclasses import asdict
+from typing import Any, AsyncIterator, Callable
+
+import uvicorn
+from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import ValidationError
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from repro.sim.config import SimConfig, server_info
+from repro.sim.corrupt import damage
+from repro.sim.engine import Engine, EngineRequest, Race, count_tokens, page_keys
+from repro.sim.faults import FaultLog, FaultRecord
+from repro.sim.metrics import SimMetrics
+from repro.sim.model import answer, assistant_turns, conversation_key, rng_for
+from repro.sim.parser import ParsedOutput, parse_output, tools_enabled
+from repro.sim.protocol import ChatRequest, Reply, StreamCursor, error_body, now_s, render_prompt
+
+CONTEXT_LENGTH = 131_072
+READY_BANNER = "The server is fired up and ready to roll!"
+
+
+def _error(message: str, status: int, *, param: str | None = None) -> JSONResponse:
+    return JSONResponse(error_body(message, status=status, param=param), status_code=status)
+
+
+class Simulator:
+    """Shared state of one server: the engine, its metrics, the fault log."""
+
+    def __init__(self, config: SimConfig, is_corrupt: Callable[[ParsedOutput, str, dict[str, Any]], bool]) -> None:
+        self.config = config
+        self.engine = Engine(config)
+        self.metrics = SimMetrics(self.engine, config.served_model_name)
+        self.faults = FaultLog(config.fault_log)
+        self.is_corrupt = is_corrupt
+        self.ready_at = float("inf")
+
+    def finish(self, raw: str, request: ChatRequest) -> tuple[ParsedOutput, str, int]:
+        """Apply the token limit, then SGLang's parsing: (output, finish_reason, completion tokens)."""
+        limit = request.token_limit
+        truncated = limit is not None and count_tokens(raw) > limit
+        if truncated:
+            raw = raw[: limit * 4]
+        output = parse_output(raw, tool_names={t.function.name for t in request.tools},
+                              tools_enabled=tools_enabled(request.tools, request.choice_value()))
+        if truncated:
+            reason = "length"
+        else:
+            reason = "tool_calls" if output.calls else "stop"
+        return output, reason, count_tokens(raw)
+
+    def generate(self, request: ChatRequest, request_id: str, prompt: str) -> tuple[EngineRequest, asyncio.Future[Reply]]:
+        """Submit a request to the engine; the future resolves to its reply once the prefill ran."""
+        messages = [m.model_dump(exclude_none=True) for m in request.messages]
+        tools = [t.model_dump(exclude_none=True) for t in request.tools]
+        seed = self.config.seed if request.seed is None else hash((self.config.seed, request.seed))
+        meant = answer(messages, tools, request.choice_value(), seed=seed, final_after_turns=self.config.final_after_turns)
+        prompt_tokens = count_tokens(prompt)
+        loop = asyncio.get_running_loop()
+        reply: asyncio.Future[Reply] = loop.create_future()
+
+        def on_prefilled(race: Race | None) -> int:
+            raw = meant.raw
+            if race is not None:
+                raw = self._inject(race, raw, request, request_id, messages, seed)
+            output, reason, tokens = self.finish(raw, request)
+            reply.set_result(Reply(request_id, self.config.served_model_name, now_s(), output, reason,
+                                   prompt_tokens, tokens, engine_request.cached_tokens))
+            return tokens
+
+        engine_request = EngineRequest(request_id, prompt_tokens, page_keys(prompt, self.config.page_size), on_prefilled)
+        self.engine.submit(engine_request)
+        return engine_request, reply
+
+    def _inject(self, race: Race, raw: str, request: ChatRequest, request_id: str,
+                messages: list[dict[str, Any]], seed: int) -> str:
+        conversation, turn = conversation_key(messages), assistant_turns(messages)
+        tool = request.tools[0].function.name if request.tools else "search"
+
+        def visible(candidate: str) -> bool:
+            output, reason, _ = self.finish(candidate, request)
+            return self.is_corrupt(output, reason, request.model_dump(include={"tools", "tool_choice"}))
+
+        operator, damaged = damage(raw, rng_for(seed, conversation, turn, "damage"), tool=tool, is_corrupt=visible)
+        self.faults.add(FaultRecord(
+            request_id=request_id, conversation=conversation, turn=turn, operator=operator, layer=race.layer,
+            read_time_s=round(race.read_time_s, 6), copy_done_s=round(race.copy_done_s, 6),
+            load_back_tokens=race.load_back_tokens, link_share=race.link_share, index_k_dtype=self.config.index_k_dtype,
+        ))
+        return damaged
+
+
+def _checker_says_corrupt(output: ParsedOutput, finish_reason: str, request: dict[str, Any]) -> bool:
+    from dsml_checker import check
+
+    message = Reply("probe", "", 0, output, finish_reason, 0, 0, 0).message()
+    verdict = check(message, finish_reason=finish_reason, tools=request.get("tools"), tool_choice=request.get("tool_choice"))
+    return verdict.label == "corrupt"
+
+
+def create_app(config: SimConfig) -> Starlette:
+    """The ASGI app of one simulator; the engine runs while the app's lifespan lasts."""
+    sim = Simulator(config, _checker_says_corrupt)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        loop = asyncio.get_running_loop()
+        task = loop.create_task(sim.engine.run())
+        sim.ready_at = loop.time() + config.warmup
+        print(READY_BANNER, flush=True)
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            sim.faults.close()
+
+    async def health(request: Request) -> Response:
+        ready = asyncio.get_running_loop().time() >= sim.ready_at
+        return Response(status_code=200 if ready else 503)
+
+    async def health_generate(request: Request) -> Response:
+        probe = EngineRequest("health-" + secrets.token_hex(4), 1, [], lambda race: 1)
+        sim.engine.submit(probe)
+        try:
+            await asyncio.wait_for(probe.changed.wait(), timeout=20.0)
+        except asyncio.TimeoutError:
+            sim.engine.abort(probe)
+            return Response(status_code=503)
+        return Response(status_code=200)
+
+    async def models(request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [
+            {"id": config.served_model_name, "object": "model", "created": 0, "owned_by": "sglang",
+             "root": config.model_path, "max_model_len": CONTEXT_LENGTH}]})
+
+    async def info(request: Request) -> Response:
+        return JSONResponse(server_info(config))
+
+    async def loads(request: Request) -> Response:
+        engine = sim.engine
+        return JSONResponse({"loads": [{"dp_rank": 0, "num_reqs": len(engine.running) + len(engine.waiting),
+                                        "num_waiting_reqs": len(engine.waiting), "num_tokens": engine.used_tokens()}]})
+
+    async def flush_cache(request: Request) -> Response:
+        if sim.engine.busy:
+            return _error("Cache not flushed: requests are running or waiting.", 400)
+        sim.engine.flush()
+        return Response("Cache flushed.\n", status_code=200)
+
+    async def metrics(request: Request) -> Response:
+        return Response(sim.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    async def faults(request: Request) -> Response:
+        return JSONResponse({"faults": [asdict(r) for r in sim.faults.records]})
+
+    async def chat(request: Request) -> Response:
+        try:
+            payload = json.loads(await request.body())
+        except ValueError:
+            return _error("The request body is not valid JSON.", 400)
+        if not isinstance(payload, dict):
+            return _error("The request body must be a JSON object.", 400)
+        try:
+            chat_request = ChatRequest.model_validate(payload)
+        except ValidationError as err:
+            first = err.errors()[0]
+            param = ".".join(str(p) for p in first.get("loc", ())) or None
+            return _error(f"{param}: {first['msg']}" if param else first["msg"], 422, param=param)
+        if chat_request.model not in (None, "default", config.served_model_name):
+            return _error(f"The model {chat_request.model!r} does not exist.", 404, param="model")
+        prompt = render_prompt(chat_request)
+        if count_tokens(prompt) > CONTEXT_LENGTH:
+            return _error(f"The prompt has {count_tokens(prompt)} tokens; the context length is {CONTEXT_LENGTH}.", 400,
+                          param="messages")
+        request_id = "chatcmpl-" + secrets.token_hex(12)
+        engine_request, pending = sim.generate(chat_request, request_id, prompt)
+        if chat_request.stream:
+            return StreamingResponse(_stream(engine_request, pending, chat_request.include_usage),
+                                     media_type="text/event-stream")
+        try:
+            while not engine_request.finished:
+                engine_request.changed.clear()
+                await engine_request.changed.wait()
+        finally:
+            sim.engine.abort(engine_request)
+        if engine_request.aborted:
+            return _error("The request was aborted.", 503)
+        _observe(engine_request)
+        return JSONResponse(pending.result().body())
+
+    def _observe(engine_request: EngineRequest) -> None:
+        now = asyncio.get_running_loop().time()
+        if engine_request.first_token_real is not None:
+            sim.metrics.ttft.observe(engine_request.first_token_real - engine_request.arrival_real)
+        sim.metrics.e2e.observe(now - engine_request.arrival_real)
+
+    async def _stream(engine_request: EngineRequest, pending: asyncio.Future[Reply], include_usage: bool) -> AsyncIterator[str]:
+        loop = asyncio.get_running_loop()
+        try:
+            await pending
+            reply = pending.result()
+            yield _sse(reply.chunk({"role": "assistant", "content": ""}))
+            cursor = StreamCursor(reply)
+            last = loop.time()
+            while True:
+                engine_request.changed.clear()
+                for chunk in cursor.advance(engine_request.tokens_done, engine_request.output_tokens):
+                    yield _sse(chunk)
+                now = loop.time()
+                sim.metrics.itl.observe(now - last)
+                last = now
+                if engine_request.finished:
+                    break
+                await engine_request.changed.wait()
+            if engine_request.aborted:
+                return
+            yield _sse(reply.chunk({}, reply.finish_reason))
+            if include_usage:
+                yield _sse(reply.usage_chunk())
+            yield "data: [DONE]\n\n"
+            _observe(engine_request)
+        finally:
+            sim.engine.abort(engine_request)
+
+    async def not_found(request: Request, exc: HTTPException) -> Response:
+        return _error(exc.detail, exc.status_code)
+
+    routes = [
+        Route("/health", health), Route("/health_generate", health_generate), Route("/v1/models", models),
+        Route("/server_info", info), Route("/get_server_info", info), Route("/v1/loads", loads),
+        Route("/get_load", loads), Route("/flush_cache", flush_cache, methods=["POST"]), Route("/metrics", metrics),
+        Route("/debug/faults", faults), Route("/v1/chat/completions", chat, methods=["POST"]),
+    ]
+    return Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: not_found})
+
+
+def _sse(chunk: dict[str, Any]) -> str:
+    return "data: " + json.dumps(chunk, ensure_ascii=False, separators=(",", ":")) + "\n\n"
+
+
+def serve(config: SimConfig) -> None:
+    """Run the simulator until SIGINT or SIGTERM."""
+    uvicorn.run(create_app(config), host=config.host, port=config.port, log_level="warning", access_log=False)
+    sys.stdout.flush()

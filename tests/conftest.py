@@ -1,0 +1,28 @@
+"""Shared fixtures. Keep it small: each engineer's fixtures live in their own test files when they can."""
+
+from __future__ import annotations
+
+from typing import Callable, Iterator
+
+import pytest
+
+from repro.sim.launch import SimHandle, start_sim
+
+
+@pytest.fixture
+def sim_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., SimHandle]]:
+    """Start simulators as real subprocesses: `sim = sim_server("--enable-hierarchical-cache", ...)`.
+
+    Each call starts one more simulator (its log under a temporary directory); all stop at teardown.
+    """
+    started: list[SimHandle] = []
+
+    def start(*args: str) -> SimHandle:
+        log = tmp_path_factory.mktemp("sim") / "sim.log"
+        handle = start_sim(args, log_path=log)
+        started.append(handle)
+        return handle
+
+    yield start
+    for handle in started:
+        handle.stop()
