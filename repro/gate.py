@@ -1,0 +1,163 @@
+"""`repro gate`: pass, fail or inconclusive for one run against a tolerated corruption rate (and a baseline).
+
+Pure evaluation over loaded runs; the CLI prints the lines and exits with the code. Exit codes follow
+design.md: 0 passed, 1 failed (the rate is shown to exceed the limit or the baseline), 125 inconclusive
+(so `git bisect run` skips), 2 bad input (a UsageError before any check).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from repro.errors import EXIT_FAILED, EXIT_INCONCLUSIVE, EXIT_OK, UsageError
+from repro.report.junit import gate_cases, junit_xml
+from repro.report.model import DEFAULT_MAX_TIMEOUT_RATE, DEFAULT_MIN_COMPLETED, Counts, fmt_conf, fmt_pct
+from repro.stats import assess_inconclusive, clopper_pearson, compare, upper_bound
+from repro.store import Run, load_run
+
+CheckStatus = Literal["pass", "fail", "inconclusive"]
+
+
+@dataclass(frozen=True)
+class GateCheck:
+    name: str
+    status: CheckStatus
+    line: str
+    """One line with the numbers, as printed."""
+    numbers: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class GateResult:
+    exit_code: int
+    checks: list[GateCheck]
+
+    @property
+    def status(self) -> CheckStatus:
+        return {EXIT_OK: "pass", EXIT_FAILED: "fail"}.get(self.exit_code, "inconclusive")  # type: ignore[return-value]
+
+    def as_record(self) -> dict[str, Any]:
+        """The JSON form stored in summary.json's `gate` and read back by the report."""
+        return {"status": self.status, "exit_code": self.exit_code, "checks": [asdict(c) for c in self.checks]}
+
+
+def write_junit(result: GateResult, run_dir: Path, output: Path) -> None:
+    """The gate's checks as JUnit XML: one testcase per check, its numbers as properties."""
+    cases = gate_cases(Path(run_dir).name, result.as_record()["checks"])
+    try:
+        Path(output).write_text(junit_xml(cases, suite="repro.gate"), encoding="utf-8")
+    except OSError as err:
+        raise UsageError(f"--junit {output}: cannot write ({err.strerror or err})") from None
+
+
+def _load(run: Run | Path | str) -> Run:
+    return run if isinstance(run, Run) else load_run(run)
+
+
+def _lower_bound(k: int, n: int, confidence: float) -> float:
+    # A two-sided Clopper-Pearson interval at 2c-1 puts (1-c) in each tail: its low end is the one-sided bound.
+    return clopper_pearson(k, n, 2 * confidence - 1).low
+
+
+def _evidence(counts: Counts, *, threshold: float, confidence: float, min_completed: int,
+              max_timeout_rate: float) -> GateCheck:
+    verdict = assess_inconclusive(
+        counts.clean, counts.corrupt, counts.timeout, counts.error,
+        min_completed=min_completed, max_timeout_fraction=max_timeout_rate,
+        threshold=threshold if threshold > 0 else None, confidence=confidence,
+    )
+    judged = counts.clean + counts.corrupt + counts.timeout + counts.error
+    timeout_share = counts.timeout / judged if judged else 0.0
+    numbers = {"completed": counts.completed, "sessions": judged, "timeout": counts.timeout,
+               "error": counts.error, "min_completed": min_completed, "max_timeout_rate": max_timeout_rate}
+    facts = (f"{counts.completed} of {judged} sessions completed (minimum {min_completed}), "
+             f"{counts.timeout} timed out ({fmt_pct(timeout_share)}, limit {fmt_pct(max_timeout_rate)})")
+    if verdict.inconclusive:
+        return GateCheck("evidence", "inconclusive", f"evidence: INCONCLUSIVE: {'; '.join(verdict.reasons)}", numbers)
+    return GateCheck("evidence", "pass", f"evidence: ok: {facts}", numbers)
+
+
+def _rate(counts: Counts, *, limit: float, confidence: float) -> GateCheck:
+    k, n = counts.corrupt, counts.completed
+    conf = fmt_conf(confidence)
+    if n == 0:
+        return GateCheck("corruption-rate", "inconclusive",
+                         "corruption-rate: INCONCLUSIVE: no completed sessions, no estimate",
+                         {"k": 0, "n": 0, "limit": limit, "confidence": confidence})
+    upper, lower = upper_bound(k, n, confidence), _lower_bound(k, n, confidence)
+    numbers = {"k": k, "n": n, "rate": k / n, "lower": lower, "upper": upper, "limit": limit, "confidence": confidence}
+    observed = f"{k} of {n} completed sessions corrupt ({fmt_pct(k / n)})"
+    if lower > limit:
+        return GateCheck("corruption-rate", "fail",
+                         f"corruption-rate: FAIL: {observed}; at {conf} confidence the rate is above "
+                         f"{fmt_pct(lower)} (one-sided lower bound), over the {fmt_pct(limit)} allowed", numbers)
+    if limit == 0:
+        # A zero-tolerance invariant: no interval ever lies under 0, so "none observed" is the pass.
+        return GateCheck("corruption-rate", "pass",
+                         f"corruption-rate: PASS: {observed}; none observed under a zero-tolerance limit "
+                         f"(the rate is below {fmt_pct(upper)} at {conf})", numbers)
+    if upper < limit:
+        return GateCheck("corruption-rate", "pass",
+                         f"corruption-rate: PASS: {observed}; the rate is below {fmt_pct(upper)} "
+                         f"({conf} upper bound), under the {fmt_pct(limit)} allowed", numbers)
+    return GateCheck("corruption-rate", "inconclusive",
+                     f"corruption-rate: INCONCLUSIVE: {observed}; the {conf} upper bound {fmt_pct(upper)} is not "
+                     f"under {fmt_pct(limit)} and the rate is not shown to exceed it: run more sessions", numbers)
+
+
+def _baseline(counts: Counts, base: Run, *, confidence: float) -> GateCheck:
+    ref = Counts.of(base.sessions)
+    k, n, kb, nb = counts.corrupt, counts.completed, ref.corrupt, ref.completed
+    numbers: dict[str, Any] = {"k": k, "n": n, "baseline_k": kb, "baseline_n": nb, "baseline": base.name}
+    if n == 0 or nb == 0:
+        return GateCheck("baseline", "inconclusive",
+                         f"baseline: INCONCLUSIVE: {k}/{n} vs {kb}/{nb} in baseline {base.name!r}: "
+                         "no completed sessions on one side", numbers)
+    result = compare(k, n, kb, nb, alternative="greater", confidence=confidence)
+    numbers.update(p_boschloo=result.p_boschloo, p_fisher=result.p_fisher, difference=result.difference,
+                   diff_low=result.diff_low, diff_high=result.diff_high)
+    alpha = 1 - confidence
+    facts = (f"{k}/{n} ({fmt_pct(k / n)}) vs {kb}/{nb} ({fmt_pct(kb / nb)}) in baseline {base.name!r}, "
+             f"difference {100 * result.difference:+.1f} points [{100 * result.diff_low:.1f}, "
+             f"{100 * result.diff_high:.1f}], Boschloo p={result.p_boschloo:.2g} (Fisher {result.p_fisher:.2g}, "
+             f"one-sided)")
+    if result.p_boschloo < alpha:
+        return GateCheck("baseline", "fail", f"baseline: FAIL: significant increase: {facts}", numbers)
+    return GateCheck("baseline", "pass", f"baseline: PASS: no significant increase (alpha {alpha:g}): {facts}",
+                     numbers)
+
+
+def evaluate(
+    run_dir: Run | Path | str,
+    *,
+    max_corruption_rate: float,
+    confidence: float = 0.95,
+    baseline: Run | Path | str | None = None,
+    max_timeout_rate: float | None = None,
+    min_completed: int = DEFAULT_MIN_COMPLETED,
+) -> GateResult:
+    """Judge a run. Evidence wins: a rate shown to exceed the limit fails even when the run is thin."""
+    if not 0.0 <= max_corruption_rate < 1.0:
+        raise UsageError(f"--max-corruption-rate must be at least 0 and below 1, got {max_corruption_rate}")
+    if not 0.5 < confidence < 1.0:
+        raise UsageError(f"--confidence must be above 0.5 and below 1, got {confidence}")
+    timeout_limit = DEFAULT_MAX_TIMEOUT_RATE if max_timeout_rate is None else max_timeout_rate
+    if not 0.0 <= timeout_limit <= 1.0:
+        raise UsageError(f"--max-timeout-rate must be between 0 and 1, got {timeout_limit}")
+    if min_completed < 1:
+        raise UsageError(f"--min-completed must be at least 1, got {min_completed}")
+    run = _load(run_dir)
+    base = _load(baseline) if baseline is not None else None
+    counts = Counts.of(run.sessions)
+    checks = [
+        _evidence(counts, threshold=max_corruption_rate, confidence=confidence, min_completed=min_completed,
+                  max_timeout_rate=timeout_limit),
+        _rate(counts, limit=max_corruption_rate, confidence=confidence),
+    ]
+    if base is not None:
+        checks.append(_baseline(counts, base, confidence=confidence))
+    statuses = {c.status for c in checks}
+    code = EXIT_FAILED if "fail" in statuses else EXIT_INCONCLUSIVE if "inconclusive" in statuses else EXIT_OK
+    return GateResult(code, checks)
