@@ -41,14 +41,14 @@ def doubled_bars(reasoning: str, body: str, tool: str) -> str | None:
 
 
 def misspelled_opener(reasoning: str, body: str, tool: str) -> str | None:
-    return _join(reasoning, body.replace(_OPENER, f"<{SENTINEL}toolcalls", 1)) if _has_block(body) else None
+    return _join(reasoning, body.replace(_OPENER, f"<{SENTINEL}toolcalls>", 1)) if _has_block(body) else None
 
 
 def dropped_opener(reasoning: str, body: str, tool: str) -> str | None:
     """Well-formed invokes with no wrapper around them."""
     if not _has_block(body):
         return None
-    return _join(reasoning, body.replace(_OPENER + ">\n", "", 1).replace("\n" + _CLOSER, "", 1))
+    return _join(reasoning, body.replace(_OPENER + "\n", "", 1).replace("\n" + _CLOSER, "", 1))
 
 
 def block_in_reasoning(reasoning: str, body: str, tool: str) -> str | None:

@@ -19,6 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from dsml_checker import check
 from repro.sim.config import SimConfig, server_info
 from repro.sim.corrupt import damage
 from repro.sim.engine import Engine, EngineRequest, Race, count_tokens, page_keys
@@ -103,8 +104,6 @@ class Simulator:
 
 
 def _checker_says_corrupt(output: ParsedOutput, finish_reason: str, request: dict[str, Any]) -> bool:
-    from dsml_checker import check
-
     message = Reply("probe", "", 0, output, finish_reason, 0, 0, 0).message()
     verdict = check(message, finish_reason=finish_reason, tools=request.get("tools"), tool_choice=request.get("tool_choice"))
     return verdict.label == "corrupt"
