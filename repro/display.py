@@ -54,7 +54,7 @@ def _live_view(progress: LoadProgress) -> Table:
     return table
 
 
-async def show_progress(progress: LoadProgress, console: Console, *, live: bool) -> None:
+async def show_progress(progress: LoadProgress, console: Console, live: bool) -> None:
     """Refresh the view until cancelled: a rich Live on a terminal, a plain line every few seconds otherwise."""
     if live and console.is_terminal:
         with Live(_live_view(progress), console=console, refresh_per_second=LIVE_REFRESH_PER_S, transient=True) as view:

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from rich.console import Console
 
 from repro import __version__
+from repro.client import make_client
 from repro.display import final_view, show_progress
 from repro.errors import EXIT_INTERRUPTED, EXIT_OK, TargetError, UsageError, describe_validation_error
 from repro.load import LoadProgress, run_load
@@ -34,8 +35,8 @@ from repro.store import METRICS, RunWriter, slug
 from repro.summary import summarize
 from repro.workload import load_workload
 
-EMBEDDED_SIM_ARGS = ("--enable-hierarchical-cache", "--index-k-dtype", "bf16")
-"""The seeds' faulty configuration: HiCache on, bf16 index-K, no index-K gate (the fix flag absent)."""
+EMBEDDED_SIM_ARGS = ("--enable-hierarchical-cache", "--index-k-dtype", "bf16", "--enable-metrics", "--enable-cache-report")
+"""The seeds' faulty configuration: HiCache on, bf16 index-K, no index-K gate (the fix flag absent); metrics on."""
 TARGET_CHECK_TIMEOUT_S = 10.0
 
 
@@ -218,7 +219,6 @@ async def _drive(
     base_url: str,
 ) -> tuple[list[SessionRecord], bool, list[float], float]:
     concurrency = options.concurrency or options.sessions
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     records: list[SessionRecord] = []
     progress = LoadProgress(planned=options.sessions)
     origin = progress.t0
@@ -228,13 +228,13 @@ async def _drive(
         writer.append_session(record)
 
     async with (
-        httpx.AsyncClient(limits=limits, trust_env=False) as client,
+        make_client(concurrency) as client,
         httpx.AsyncClient(trust_env=False, headers=config.headers) as side_client,
         anyio.create_task_group() as group,
     ):
         scraper = MetricsScraper(side_client, metrics_url(base_url), writer.path / METRICS)
         group.start_soon(scraper.run, origin)
-        group.start_soon(show_progress, progress, console, live=live)
+        group.start_soon(show_progress, progress, console, live)
 
         def make_session(index: int) -> Session:
             return Session(index, config, client, keep_raw=writer.write_raw, origin=origin)

@@ -4,8 +4,9 @@ Knows nothing of concurrency: `load` runs many of these. Outcome rules (design.m
 - `corrupt` as soon as one turn is judged corrupt; evidence wins over a later timeout or error.
 - `error` when a request failed in transport, HTTP or stream format.
 - `timeout` when the session budget or a turn's budget ran out, or a stream stalled (`wedged`).
-- `clean` otherwise, once the session ended normally: a final answer (no tool calls, or the
-  workload's final tool) or the turn limit. The turn limit is the workload's bound on a session,
+- `clean` otherwise, once the session ended normally: a final answer (a reply without tool calls,
+  as an agent loop ends; a `finish` tool is just a tool whose result the model then answers) or the
+  turn limit. The turn limit is the workload's bound on a session,
   not a failure, so a session that used every turn cleanly is clean with `finished: false`.
 
 A corrupt turn does not end the session: its tool calls (if any parsed) are run, otherwise the
@@ -168,9 +169,6 @@ class Session:
         for call in calls:
             output = sandbox.execute(workload, call["function"]["name"], call["function"]["arguments"])
             self.messages.append({"role": "tool", "tool_call_id": call["id"], "content": output})
-        if any(call["function"]["name"] == workload.final_tool for call in calls):
-            self.finished = True
-            return False
         if calls:
             return True
         if verdict.label == "corrupt":

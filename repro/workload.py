@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from repro.errors import UsageError, describe_validation_error
 
@@ -71,9 +71,7 @@ class Workload(_Strict):
     tasks: list[str] = Field(min_length=1)
     """Session i works on tasks[i % len(tasks)]; its first user message also carries a unique ticket."""
     recovery_prompt: str = "Your last reply contained no usable tool call. Continue the task with a tool call."
-    """Sent after a turn that brought neither tool calls nor a usable final answer, so the session goes on."""
-    final_tool: str | None = "finish"
-    """Calling this tool ends the session as finished."""
+    """Sent after a corrupt turn that brought no tool calls, so the session goes on."""
     max_tokens: int = Field(default=1024, ge=1)
     temperature: float = Field(default=0.0, ge=0.0, le=2.0)
     sandbox: SandboxSizes = Field(default_factory=SandboxSizes)
@@ -86,12 +84,6 @@ class Workload(_Strict):
         if duplicates:
             raise ValueError(f"duplicate tool name(s): {', '.join(duplicates)}")
         return tools
-
-    @model_validator(mode="after")
-    def _final_tool_exists(self) -> "Workload":
-        if self.final_tool is not None and self.final_tool not in self.tool_names():
-            raise ValueError(f"final_tool {self.final_tool!r} is not one of the tools")
-        return self
 
     def tool_names(self) -> list[str]:
         return [tool.function.name for tool in self.tools]

@@ -39,8 +39,8 @@ def test_workload_error_names_line_and_field() -> None:
         parse_workload(text, source="w.yaml")
     with pytest.raises(UsageError, match="colour"):
         parse_workload(text.replace("max_tokens: -1", "colour: red"), source="w.yaml")
-    with pytest.raises(UsageError, match="final_tool"):
-        parse_workload(text.replace("max_tokens: -1", "final_tool: nope"), source="w.yaml")
+    with pytest.raises(UsageError, match="duplicate tool name"):
+        parse_workload(text.replace("tasks:", "  - function: {name: f}\ntasks:"), source="w.yaml")
     with pytest.raises(UsageError, match="cannot read"):
         load_workload("/nonexistent/workload.yaml")
 
