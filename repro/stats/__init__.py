@@ -6,6 +6,7 @@ rates, many tests, power, sequential stopping, strata).
 
 from repro.stats.intervals import Interval, clopper_pearson, timeout_bounds, upper_bound, wilson
 from repro.stats.multiplicity import benjamini_hochberg, holm
+from repro.stats.power import power_two_proportions, sample_size_two_proportions
 from repro.stats.stratified import StratifiedResult, cmh, stratified_exact_test
 from repro.stats.twosample import Comparison, compare
 from repro.stats.verdict import Inconclusive, assess_inconclusive
@@ -21,6 +22,8 @@ __all__ = [
     "cmh",
     "compare",
     "holm",
+    "power_two_proportions",
+    "sample_size_two_proportions",
     "stratified_exact_test",
     "timeout_bounds",
     "upper_bound",

@@ -1,0 +1,182 @@
+"""How many sessions: exact power and sample size for comparing two corruption rates, by enumeration.
+
+Power is the probability, under the true rates, of every outcome (k1, k2) whose test rejects. Outcomes
+are taken from most to least likely until all but `tolerance` (1e-6) of the probability is covered, so
+the power returned is a lower bound within `tolerance` of the exact value.
+
+Boschloo's p-value needs a numerical maximisation per table (scipy, ~40 ms), so each table is first
+decided by two cheap certain bounds, calling scipy only in between: the p-value never exceeds Fisher's
+one-sided p-value (Fisher's test is valid conditionally, so its size at any nuisance rate is at most its
+level), and never falls below the tail probability at any single nuisance rate (it is the maximum over
+them), which is evaluated on a fixed grid for all tables at once.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+from typing import Literal
+
+import numpy as np
+from scipy import stats as sps
+
+from repro.errors import UsageError
+from repro.stats.intervals import check_level
+from repro.stats.twosample import Alternative, arm_table, check_alternative
+
+Test = Literal["boschloo", "fisher"]
+TESTS: tuple[str, ...] = ("boschloo", "fisher")
+DEFAULT_TOLERANCE = 1e-6
+# scipy's own guard against rounding when it collects the tables at least as extreme as observed.
+_SCIPY_TIE = 1 + 1e-13
+_NUISANCE_GRID = np.unique(np.concatenate([np.geomspace(1e-4, 0.5, 60), 1 - np.geomspace(1e-4, 0.5, 60)]))
+
+
+@lru_cache(maxsize=4096)
+def _p_value(test: str, k1: int, n1: int, k2: int, n2: int, alternative: str) -> float:
+    table = arm_table(k1, n1, k2, n2)
+    if test == "fisher":
+        return float(sps.fisher_exact(table, alternative=alternative).pvalue)
+    return float(sps.boschloo_exact(table, alternative=alternative).pvalue)
+
+
+@lru_cache(maxsize=32)
+def _one_sided_bounds(n1: int, n2: int, side: str) -> tuple[np.ndarray, np.ndarray]:
+    """Fisher's one-sided p for every table (an upper bound of Boschloo's) and a lower bound of Boschloo's."""
+    x1 = np.arange(n1 + 1)[:, None]
+    x2 = np.arange(n2 + 1)[None, :]
+    total = x1 + x2
+    # The same statistic scipy's boschloo_exact uses, computed the same way.
+    if side == "less":
+        fisher = sps.hypergeom.cdf(x1, n1 + n2, total, n1)
+    else:
+        fisher = sps.hypergeom.cdf(x2, n1 + n2, total, n2)
+    flat = fisher.ravel()
+    order = np.argsort(flat, kind="stable")
+    ordered = flat[order]
+    # Null probability of each table at every grid rate, accumulated in order of the statistic.
+    b1 = sps.binom.pmf(np.arange(n1 + 1)[None, :], n1, _NUISANCE_GRID[:, None])
+    b2 = sps.binom.pmf(np.arange(n2 + 1)[None, :], n2, _NUISANCE_GRID[:, None])
+    joint = (b1[:, :, None] * b2[:, None, :]).reshape(len(_NUISANCE_GRID), -1)[:, order]
+    best = np.cumsum(joint, axis=1).max(axis=0)
+    extreme = np.searchsorted(ordered, flat * _SCIPY_TIE, side="right") - 1
+    return fisher, best[extreme].reshape(fisher.shape)
+
+
+def _boschloo_rejects(k1: int, n1: int, k2: int, n2: int, alternative: str, alpha: float) -> bool:
+    sides = ("less", "greater") if alternative == "two-sided" else (alternative,)
+    factor = 2.0 if alternative == "two-sided" else 1.0
+    high = factor * min(_one_sided_bounds(n1, n2, s)[0][k1, k2] for s in sides)
+    low = factor * min(_one_sided_bounds(n1, n2, s)[1][k1, k2] for s in sides)
+    # Margins keep rounding in the bounds from deciding a table scipy would decide the other way.
+    if high <= alpha * (1 - 1e-9):
+        return True
+    if low > alpha * (1 + 1e-9):
+        return False
+    return _p_value("boschloo", k1, n1, k2, n2, alternative) <= alpha
+
+
+def _check_design(p1: float, p2: float, alpha: float, test: str, alternative: str) -> None:
+    for name, p in (("p1", p1), ("p2", p2)):
+        if not 0.0 <= p <= 1.0:
+            raise UsageError(f"{name} must be between 0 and 1, got {p}")
+    check_level(alpha, name="alpha")
+    if test not in TESTS:
+        raise UsageError(f"test must be one of {', '.join(TESTS)}, got {test!r}")
+    check_alternative(alternative)
+
+
+def _likely_outcomes(p1: float, n1: int, p2: float, n2: int, tolerance: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The most likely (k1, k2) outcomes covering all but `tolerance` of the probability, with their probabilities."""
+    joint = np.outer(sps.binom.pmf(np.arange(n1 + 1), n1, p1), sps.binom.pmf(np.arange(n2 + 1), n2, p2))
+    flat = joint.ravel()
+    order = np.argsort(flat)[::-1]
+    covered = np.cumsum(flat[order])
+    keep = order[: int(np.searchsorted(covered, 1.0 - tolerance)) + 1]
+    k1, k2 = np.unravel_index(keep, joint.shape)
+    return k1, k2, flat[keep]
+
+
+def power_two_proportions(
+    p1: float,
+    p2: float,
+    n1: int,
+    n2: int,
+    *,
+    alpha: float = 0.05,
+    test: Test = "boschloo",
+    alternative: Alternative = "two-sided",
+    tolerance: float = DEFAULT_TOLERANCE,
+) -> float:
+    """Chance that the exact test at level `alpha` detects the difference when the true rates are p1 and p2.
+
+    Exact up to `tolerance` (the returned value is a lower bound within it), not a normal approximation.
+    """
+    _check_design(p1, p2, alpha, test, alternative)
+    if n1 < 1 or n2 < 1:
+        raise UsageError(f"both arms need at least one session, got n1={n1}, n2={n2}")
+    if not 0.0 < tolerance < 0.01:
+        raise UsageError(f"tolerance must be between 0 and 0.01, got {tolerance}")
+    power = 0.0
+    for k1, k2, prob in zip(*_likely_outcomes(p1, n1, p2, n2, tolerance)):
+        k1, k2 = int(k1), int(k2)
+        if test == "fisher":
+            rejects = _p_value("fisher", k1, n1, k2, n2, alternative) <= alpha
+        else:
+            rejects = _boschloo_rejects(k1, n1, k2, n2, alternative, alpha)
+        if rejects:
+            power += float(prob)
+    return min(power, 1.0)
+
+
+# Exact power saw-tooths in n; how far below the bisection's crossing to look for an earlier one.
+SAWTOOTH_WINDOW = 5
+
+
+def _normal_start(p1: float, p2: float, power: float, alpha: float, alternative: str) -> int:
+    """Starting point only: the arcsine normal approximation, which the exact search then corrects."""
+    effect = abs(2 * math.asin(math.sqrt(p1)) - 2 * math.asin(math.sqrt(p2)))
+    z_alpha = sps.norm.ppf(1 - alpha / 2 if alternative == "two-sided" else 1 - alpha)
+    return max(2, math.ceil(((z_alpha + sps.norm.ppf(power)) / effect) ** 2))
+
+
+def sample_size_two_proportions(
+    p1: float,
+    p2: float,
+    *,
+    power: float = 0.8,
+    alpha: float = 0.05,
+    test: Test = "boschloo",
+    alternative: Alternative = "two-sided",
+    max_n: int = 2000,
+) -> int:
+    """Sessions per arm needed for the exact test to detect p1 vs p2 with the given power.
+
+    Bisection on the exact power from a normal-approximation start, then the SAWTOOTH_WINDOW sizes
+    below the crossing are checked too (exact power is not monotone in n) and the smallest that
+    reaches the target is returned; a few larger sizes may still fall just short of it.
+    """
+    _check_design(p1, p2, alpha, test, alternative)
+    check_level(power, name="power")
+    if p1 == p2:
+        raise UsageError(f"p1 and p2 are both {p1}: there is no difference to detect")
+
+    def enough(n: int) -> bool:
+        return power_two_proportions(p1, p2, n, n, alpha=alpha, test=test, alternative=alternative) >= power
+
+    n = min(_normal_start(p1, p2, power, alpha, alternative), max_n)
+    if enough(n):
+        lo, hi = n // 2, n
+        while lo >= 1 and enough(lo):
+            lo, hi = lo // 2, lo
+    else:
+        lo, hi = n, min(2 * n, max_n)
+        while not enough(hi):
+            if hi == max_n:
+                raise UsageError(f"more than max_n={max_n} sessions per arm would be needed for power {power}")
+            lo, hi = hi, min(2 * hi, max_n)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if enough(mid) else (mid, hi)
+    earlier = [m for m in range(max(1, hi - SAWTOOTH_WINDOW), hi) if enough(m)]
+    return earlier[0] if earlier else hi
