@@ -1,0 +1,114 @@
+"""The `dsml-check` command, run as a real process: verdict lines, summary, exit codes, unreadable input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dsml_checker import ToolCall, render_calls
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples" / "responses.jsonl"
+SCRIPT = Path(sys.executable).parent / "dsml-check"
+COMMAND = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "dsml_checker.cli"]
+
+
+def dsml_check(*args: str, stdin: str | bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+    data = stdin.encode() if isinstance(stdin, str) else stdin
+    return subprocess.run([*COMMAND, *args], input=data, capture_output=True, timeout=60)
+
+
+def lines(done: subprocess.CompletedProcess[bytes]) -> list[dict]:
+    return [json.loads(line) for line in done.stdout.decode().splitlines()]
+
+
+def test_bundled_examples_mix_clean_suspect_and_corrupt() -> None:
+    done = dsml_check(str(EXAMPLES))
+    assert done.returncode == 1
+    verdicts = lines(done)
+    assert len(verdicts) == len(EXAMPLES.read_text(encoding="utf-8").splitlines())
+    assert {v["label"] for v in verdicts} == {"clean", "suspect", "corrupt"}
+    assert all({"line", "label", "findings"} <= set(v) for v in verdicts)
+    summary = done.stderr.decode().strip()
+    assert summary.count("\n") == 0 and summary.startswith("dsml-check: ")
+    counts = {label: sum(v["label"] == label for v in verdicts) for label in ("clean", "corrupt", "suspect")}
+    assert f"{counts['clean']} clean, {counts['corrupt']} corrupt, {counts['suspect']} suspect" in summary
+
+
+def test_clean_and_suspect_inputs_exit_zero_unless_strict() -> None:
+    rows = [
+        {"message": {"role": "assistant", "content": "All good."}, "finish_reason": "stop"},
+        {"message": {"role": "assistant", "content": "x " + "0" * 90}, "finish_reason": "stop"},
+    ]
+    text = "\n".join(json.dumps(r) for r in rows) + "\n\n"
+    done = dsml_check("-", stdin=text)
+    assert done.returncode == 0, done.stderr
+    assert [v["label"] for v in lines(done)] == ["clean", "suspect"]
+    assert dsml_check("--strict", "-", stdin=text).returncode == 1
+
+
+def test_request_tools_and_tool_choice_are_used() -> None:
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "required": ["city"]}}}]
+    response = {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {"role": "assistant", "content": None,
+                     "tool_calls": [{"id": "c", "type": "function", "function": {"name": "get_forecast", "arguments": "{}"}}]}}],
+        "request": {"tools": tools, "tool_choice": "none"},
+    }
+    done = dsml_check("-", stdin=json.dumps(response))
+    assert done.returncode == 1
+    (verdict,) = lines(done)
+    assert verdict["id"] == "chatcmpl-1"
+    assert {"unknown-tool", "tool-choice-none"} <= {f["rule"] for f in verdict["findings"]}
+
+
+def test_model_text_is_kept_verbatim_in_json_output() -> None:
+    content = 'Sure <script>alert("x")</script>\n\n' + render_calls([ToolCall("f", {"a": "b"})])
+    done = dsml_check("-", stdin=json.dumps({"message": {"content": content}, "finish_reason": "stop"}))
+    (verdict,) = lines(done)
+    assert verdict["label"] == "corrupt"
+    assert any("｜DSML｜" in f["excerpt"] for f in verdict["findings"])
+
+
+@pytest.mark.parametrize(
+    ("stdin", "fragment"),
+    [
+        ('{"message": {"content": "ok"}}\n{not json\n', "<stdin>:2: not valid JSON"),
+        ('{"message": {"content": "ok"}}\n[1, 2]\n', "<stdin>:2: expected a JSON object"),
+        ('{"hello": 1}\n', "<stdin>:1: expected a chat.completion object"),
+        ('{"choices": []}\n', '<stdin>:1: "choices" must be a non-empty list'),
+        ('{"message": {}, "request": 3}\n', '<stdin>:1: "request" must be an object'),
+        (b'{"message": {"content": "\xff"}}\n', "<stdin>:1: not UTF-8"),
+    ],
+)
+def test_unreadable_input_exits_two_naming_the_line(stdin: str | bytes, fragment: str) -> None:
+    done = dsml_check("-", stdin=stdin)
+    assert done.returncode == 2
+    err = done.stderr.decode()
+    assert fragment in err and "Traceback" not in err
+    assert err.count("\n") == 1
+
+
+def test_verdicts_before_a_bad_line_are_still_printed(tmp_path: Path) -> None:
+    path = tmp_path / "in.jsonl"
+    path.write_text('{"message": {"content": "fine"}}\n{"message": {"content": "fine"}}\noops\n', encoding="utf-8")
+    done = dsml_check(str(path))
+    assert done.returncode == 2
+    assert len(lines(done)) == 2
+    assert f"{path}:3: not valid JSON" in done.stderr.decode()
+
+
+def test_missing_file_is_a_usage_error() -> None:
+    done = dsml_check("/nonexistent/responses.jsonl")
+    assert done.returncode == 2
+    assert "cannot read /nonexistent/responses.jsonl" in done.stderr.decode()
+
+
+def test_bad_option_is_a_usage_error() -> None:
+    done = dsml_check("--no-such-flag", "x")
+    assert done.returncode == 2 and "Traceback" not in done.stderr.decode()
