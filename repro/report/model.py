@@ -24,7 +24,7 @@ VerdictKind = Literal["corrupt", "clean", "inconclusive"]
 
 DEFAULT_MIN_COMPLETED = 20
 DEFAULT_MAX_TIMEOUT_RATE = 0.2
-CONTEXT_CHARS = 240
+CONTEXT_CHARS = 400
 """Characters of model output shown on each side of an offending span."""
 
 

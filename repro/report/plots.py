@@ -20,6 +20,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from repro.records import OUTCOMES  # noqa: E402
 from repro.report.model import RunView  # noqa: E402
@@ -163,6 +164,7 @@ def turn_index_plot(runs: Sequence[RunView]) -> Plot | None:
         ax.bar(x, 100 * part["sum"] / part["count"], width=width, label=_short(r.name))
         for xi, k, n in zip(x, part["sum"], part["count"]):
             ax.annotate(f"{k}/{n}", (xi, 0), xytext=(0, 2), textcoords="offset points", ha="center", fontsize=6)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("turn index")
     ax.set_ylabel("corrupt turns, % of answered")
     ax.legend(fontsize="small")
