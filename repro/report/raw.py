@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dsml_checker import StreamAccumulator
+
 HEAD_BYTES = 6000
 TAIL_BYTES = 2000
 
@@ -55,60 +57,52 @@ def read_raw(run_dir: Path, rel_path: str) -> RawFile:
     )
 
 
-def _collect(message: dict[str, Any], fields: dict[str, str], *, streamed: bool) -> None:
+def _fields(message: dict[str, Any]) -> dict[str, str]:
+    """A chat-completion message flattened to the checker's field names (`tool_calls[0].function.arguments`)."""
+    fields: dict[str, str] = {}
     for key in ("content", "reasoning_content"):
-        value = message.get(key)
-        if isinstance(value, str):
-            fields[key] = fields.get(key, "") + value if streamed else value
+        if isinstance(message.get(key), str):
+            fields[key] = message[key]
     calls = message.get("tool_calls")
-    if not isinstance(calls, list):
-        return
-    for position, call in enumerate(calls):
-        if not isinstance(call, dict):
-            continue
-        index = call.get("index", position) if streamed else position
-        function = call.get("function")
-        if not isinstance(index, int) or not isinstance(function, dict):
-            continue
+    for index, call in enumerate(calls if isinstance(calls, list) else []):
+        function = call.get("function") if isinstance(call, dict) else None
         for part in ("name", "arguments"):
-            value = function.get(part)
-            if isinstance(value, str):
-                key = f"tool_calls[{index}].function.{part}"
-                fields[key] = fields.get(key, "") + value if streamed else value
+            if isinstance(function, dict) and isinstance(function.get(part), str):
+                fields[f"tool_calls[{index}].function.{part}"] = function[part]
+    return fields
+
+
+def _events(text: str) -> list[Any]:
+    """The JSON payloads of an SSE stream, leniently: events that are not JSON are skipped."""
+    payloads = []
+    for event in text.replace("\r\n", "\n").split("\n\n"):
+        data = "\n".join(line[5:].removeprefix(" ") for line in event.split("\n") if line.startswith("data:"))
+        if data.strip() and data.strip() != "[DONE]":
+            try:
+                payloads.append(json.loads(data))
+            except ValueError:
+                continue
+    return payloads
 
 
 def response_fields(data: bytes) -> dict[str, str]:
     """The texts of a chat completion (an SSE stream or a JSON body), keyed by the checker's field names.
 
-    Streamed deltas are concatenated, because the checker judges the whole text, never a single chunk.
+    Streamed deltas are merged by the checker's own StreamAccumulator, so the offsets of its findings
+    point into the same text.
     """
     text = _decode(data)
-    fields: dict[str, str] = {}
-    stripped = text.lstrip()
-    if stripped.startswith("{"):
+    if text.lstrip().startswith("{"):
         try:
-            body = json.loads(stripped)
+            body = json.loads(text)
         except ValueError:
-            return fields
+            return {}
         choices = body.get("choices") if isinstance(body, dict) else None
         if isinstance(choices, list) and choices and isinstance(choices[0], dict):
             message = choices[0].get("message")
-            if isinstance(message, dict):
-                _collect(message, fields, streamed=False)
-        return fields
-    for line in text.splitlines():
-        if not line.startswith("data:"):
-            continue
-        payload = line[5:].strip()
-        if not payload or payload == "[DONE]":
-            continue
-        try:
-            chunk = json.loads(payload)
-        except ValueError:
-            continue
-        choices = chunk.get("choices") if isinstance(chunk, dict) else None
-        if isinstance(choices, list) and choices and isinstance(choices[0], dict):
-            delta = choices[0].get("delta")
-            if isinstance(delta, dict):
-                _collect(delta, fields, streamed=True)
-    return fields
+            return _fields(message) if isinstance(message, dict) else {}
+        return {}
+    accumulator = StreamAccumulator()
+    for chunk in _events(text):
+        accumulator.add_chunk(chunk)
+    return _fields(accumulator.message())
