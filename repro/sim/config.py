@@ -31,7 +31,7 @@ class SimConfig(BaseModel):
     kv_cache_dtype: str = "fp8_e4m3"
     page_size: int = Field(64, ge=1)
     max_running_requests: int = Field(64, ge=1)
-    max_total_tokens: int = Field(40_000, ge=1024)
+    max_total_tokens: int = Field(64_000, ge=1024)
     """Device KV pool size in tokens: the prefix cache and the running requests share it."""
     chunked_prefill_size: int = Field(16_384, ge=256)
     enable_hierarchical_cache: bool = False
@@ -81,7 +81,8 @@ def _build_parser(prog: str) -> argparse.ArgumentParser:
         flag = "--" + name.replace("_", "-")
         help_text = _FLAG_HELP.get(name, "")
         if field.annotation is bool:
-            parser.add_argument(flag, dest=name, action="store_true", default=None, help=help_text)
+            # --no-FLAG too, so a caller can switch off a flag that a wrapper (repro run) passes first.
+            parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
         else:
             parser.add_argument(flag, dest=name, default=None, help=f"{help_text} (default: {field.default})".strip())
     # Accepted for command-line compatibility with SGLang launch lines; they change nothing here.

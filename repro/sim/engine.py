@@ -47,7 +47,8 @@ class Costs:
     main_kv_bytes: int = 656
     """Per token and layer: MLA latent + rope, fp8."""
     index_k_bytes_fp8: int = 132
-    link_bytes_per_s: float = 25e9
+    link_bytes_per_s: float = 3.2e9
+    """Effective host-to-device rate of page-scattered layer copies, far below the PCIe peak."""
     tokens_per_step: int = 8
     """Tokens each running request gains per decode step: streams get chunks of several tokens."""
 

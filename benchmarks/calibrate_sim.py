@@ -1,0 +1,72 @@
+"""Calibrate the simulator against the seeds' story: `repro run` on the embedded simulator, per configuration.
+
+For each configuration it runs the default workload (60 sessions unless stated) through `repro run`,
+then prints the session outcomes, the fault log's count, the load-back volume and the wall time.
+Expected: HiCache + bf16 index-K corrupts roughly 10-20% of sessions at 60; one session, HiCache off,
+fp8 index-K and the index-K gate corrupt none.
+
+    .venv/bin/python benchmarks/calibrate_sim.py [--repeat N] [--only NAME ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+FAULTY = ["--enable-hierarchical-cache", "--index-k-dtype", "bf16"]
+CONFIGS: dict[str, tuple[int, list[str]]] = {
+    "hicache+bf16": (60, FAULTY),
+    "hicache+bf16, 1 session": (1, FAULTY),
+    "hicache+bf16+gate": (60, [*FAULTY, "--index-k-gate"]),
+    "hicache+fp8": (60, ["--enable-hierarchical-cache", "--index-k-dtype", "fp8"]),
+    "hicache off, bf16": (60, ["--no-enable-hierarchical-cache", "--index-k-dtype", "bf16"]),
+    "hicache+bf16, no overlap": (60, [*FAULTY, "--disable-overlap-schedule"]),
+    "hicache+bf16, no cuda graph": (60, [*FAULTY, "--disable-cuda-graph"]),
+}
+
+
+def run_once(name: str, sessions: int, sim_args: list[str], seed: int, workdir: Path) -> dict[str, object]:
+    out = workdir / f"{len(list(workdir.iterdir()))}"
+    faults = workdir / f"{out.name}-faults.jsonl"
+    # `repro run` passes the seeds' faulty flags first; these come after them and win.
+    args = [*sim_args, "--fault-log", str(faults)]
+    cmd = [sys.executable, "-c", "from repro.cli import main; main()", "run", "--sessions", str(sessions),
+           "--seed", str(seed), "--out", str(out), "--sim-args", shlex.join(args)]
+    started = time.monotonic()
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    wall = time.monotonic() - started
+    if not (out / "summary.json").exists():
+        raise SystemExit(f"{name}: repro run failed ({done.returncode}): {done.stderr.strip()[-400:]}")
+    summary = json.loads((out / "summary.json").read_text())
+    logged = faults.read_text().splitlines() if faults.exists() else []
+    return {"counts": summary["counts"], "faults": len(logged),
+            "fault_sessions": len({json.loads(line)["conversation"] for line in logged}), "wall_s": wall}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=1, help="runs per configuration (seeds 0..N-1)")
+    parser.add_argument("--only", nargs="*", help="configuration names to run")
+    options = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="calibrate-sim-") as tmp:
+        workdir = Path(tmp)
+        print(f"{'configuration':32} {'seed':>4} {'clean':>5} {'corrupt':>7} {'timeout':>7} {'error':>5} "
+              f"{'faults':>6} {'f.sess':>6} {'wall s':>6}")
+        for name, (sessions, sim_args) in CONFIGS.items():
+            if options.only and name not in options.only:
+                continue
+            for seed in range(options.repeat):
+                row = run_once(name, sessions, sim_args, seed, workdir)
+                counts = row["counts"]
+                print(f"{name:32} {seed:>4} {counts['clean']:>5} {counts['corrupt']:>7} {counts['timeout']:>7} "
+                      f"{counts['error']:>5} {row['faults']:>6} {row['fault_sessions']:>6} {row['wall_s']:>6.1f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
