@@ -32,7 +32,6 @@ from repro.metrics import MetricsScraper, metrics_url
 from repro.records import Manifest, SessionRecord, Summary
 from repro.session import Session, SessionConfig
 from repro.store import METRICS, RunWriter, slug
-from repro.summary import summarize
 from repro.workload import load_workload
 
 EMBEDDED_SIM_ARGS = ("--enable-hierarchical-cache", "--index-k-dtype", "bf16", "--enable-metrics", "--enable-cache-report")
@@ -305,6 +304,10 @@ def execute_run(options: RunOptions, *, console: Console | None = None, live: bo
             headers=headers,
         )
         records, interrupted, lag, duration = anyio.run(_drive, options, config, writer, console, live, base_url)
+    # Imported here: the statistics stack (scipy) takes seconds to import, and usage or target
+    # errors should not wait for it.
+    from repro.summary import summarize
+
     summary = summarize(records, loop_lag_s=lag, duration_s=duration, interrupted=interrupted)
     exit_code = EXIT_INTERRUPTED if interrupted else EXIT_OK
     writer.write_summary(summary)
