@@ -18,14 +18,12 @@ def test_power_at_60_per_arm_is_57_to_70_percent() -> None:
 
 
 def test_sample_sizes_of_statistics_md() -> None:
-    # "about 70 per arm with Boschloo, 85 with Fisher" for 12% vs 1% at 80% power.
-    n_fisher = sample_size_two_proportions(0.12, 0.01, test="fisher")
-    assert 82 <= n_fisher <= 87
-    assert power_two_proportions(0.12, 0.01, n_fisher, n_fisher, test="fisher") >= 0.8
-    assert power_two_proportions(0.12, 0.01, n_fisher - 1, n_fisher - 1, test="fisher") < 0.8
-    # The Boschloo search costs ~5 s (benchmarks/bench_power.py); its answer, 72, is checked by power.
-    assert power_two_proportions(0.12, 0.01, 70, 70) == pytest.approx(0.79, abs=0.01)
-    assert power_two_proportions(0.12, 0.01, 72, 72) >= 0.8
+    # "about 70 per arm with Boschloo, 85 with Fisher" for 12% vs 1% at 80% power. The searches
+    # (benchmarks/bench_power.py: Fisher 84, Boschloo 72, ~5 s each) are checked by their crossings;
+    # the search itself is tested on a small design below.
+    assert power_two_proportions(0.12, 0.01, 83, 83, test="fisher") < 0.8
+    assert power_two_proportions(0.12, 0.01, 84, 84, test="fisher") >= 0.8
+    assert power_two_proportions(0.12, 0.01, 71, 71) < 0.8 <= power_two_proportions(0.12, 0.01, 72, 72)
 
 
 def test_boschloo_sample_size_search_on_a_small_design() -> None:

@@ -82,7 +82,7 @@ def test_bad_arguments_are_usage_errors() -> None:
         compare(1, 10, 1, 10, alternative="bigger")  # type: ignore[arg-type]
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=15, deadline=None)
 @given(n1=st.integers(1, 40), n2=st.integers(1, 40), data=st.data())
 def test_comparison_properties(n1: int, n2: int, data: st.DataObject) -> None:
     k1, k2 = data.draw(st.integers(0, n1)), data.draw(st.integers(0, n2))
@@ -112,7 +112,8 @@ def test_holm_and_benjamini_hochberg_by_hand() -> None:
         benjamini_hochberg([float("nan")])
 
 
-@settings(max_examples=40, deadline=None)
+# Few examples: statsmodels' Holm runs gc.collect() on every call (~0.2 s with scipy loaded).
+@settings(max_examples=8, deadline=None)
 @given(st.lists(st.floats(0.0, 1.0), min_size=1, max_size=12))
 def test_adjusted_p_values_are_no_smaller_and_bh_no_larger_than_holm(p: list[float]) -> None:
     h, b = holm(p), benjamini_hochberg(p)
