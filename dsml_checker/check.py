@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from dsml_checker.findings import Finding, Verdict, make_finding
 from dsml_checker.schema import schema_error
+from dsml_checker.soft_rules import scan_soft
 from dsml_checker.text_rules import scan_arguments, scan_text
 
-_NAME_FORBIDDEN = frozenset("\"'<>`")
+# Quotes, angle brackets, whitespace or a fullwidth bar in a name mean markup spilled into it.
+_BAD_NAME_RE = re.compile(r"[\"'<>`\s｜]")
 
 
 def _text(value: Any) -> str:
@@ -41,12 +44,7 @@ def _whole(rule: str, field: str, text: str, excerpt: str | None = None) -> Find
 
 
 def _bad_name(name: Any) -> bool:
-    return (
-        not isinstance(name, str)
-        or not name
-        or any(c in _NAME_FORBIDDEN or c.isspace() for c in name)
-        or "｜" in name
-    )
+    return not isinstance(name, str) or not name or _BAD_NAME_RE.search(name) is not None
 
 
 def _check_arguments(args: Any, field: str, schema: Any, has_schema: bool) -> list[Finding]:
@@ -79,8 +77,8 @@ def _check_schema(parsed: dict[str, Any], text: str, field: str, schema: Any) ->
     return [] if error is None else [_whole("args-schema", field, text, excerpt=error)]
 
 
-def _check_calls(calls: Any, schemas: dict[str, Any] | None) -> tuple[list[Finding], list[str]]:
-    """Findings over structured tool_calls, and the names of the well-shaped calls."""
+def _check_calls(calls: Any, schemas: dict[str, Any] | None, texts: list[tuple[str, str]]) -> tuple[list[Finding], list[str]]:
+    """Findings over structured tool_calls, and the names of the well-shaped calls; appends argument texts."""
     if calls is None:
         return [], []
     if not isinstance(calls, list):
@@ -101,9 +99,10 @@ def _check_calls(calls: Any, schemas: dict[str, Any] | None) -> tuple[list[Findi
         if isinstance(name, str):
             names.append(name)
         known = schemas is not None and isinstance(name, str) and name in schemas
-        findings += _check_arguments(
-            fn.get("arguments"), f"tool_calls[{i}].function.arguments", schemas.get(name) if known else None, known
-        )
+        args, args_field = fn.get("arguments"), f"tool_calls[{i}].function.arguments"
+        findings += _check_arguments(args, args_field, schemas.get(name) if known else None, known)
+        if isinstance(args, str):
+            texts.append((args_field, args))
     return findings, names
 
 
@@ -124,16 +123,19 @@ def _check_consistency(
         findings.append(_whole("finish-tool-calls-empty", "finish_reason", reason))
     if markup and reason in ("stop", "length") and n_calls == 0:
         findings.append(_whole("dsml-leak-finish", "finish_reason", reason))
-    choice_text = json.dumps(tool_choice) if tool_choice is not None else ""
+    if tool_choice is None or tool_choice == "auto":
+        return findings
     wanted = _tool_choice_name(tool_choice)
+    rule = None
     if tool_choice == "none" and (n_calls or markup):
-        findings.append(_whole("tool-choice-none", "tool_choice", choice_text))
+        rule = "tool-choice-none"
     elif (tool_choice == "required" or wanted is not None) and n_calls == 0:
-        findings.append(_whole("tool-choice-required", "tool_choice", choice_text))
+        rule = "tool-choice-required"
     elif wanted is not None and any(name != wanted for name in names):
-        findings.append(_whole("tool-choice-mismatch", "tool_choice", choice_text))
+        rule = "tool-choice-mismatch"
+    if rule is not None:
+        findings.append(_whole(rule, "tool_choice", json.dumps(tool_choice, default=str)))
     return findings
-
 
 def check(message: Any, *, finish_reason: str | None = None, tools: Any = None, tool_choice: Any = None) -> Verdict:
     """Judge one assistant message (`content`, `reasoning_content`, `tool_calls`) and its finish reason.
@@ -149,13 +151,17 @@ def check(message: Any, *, finish_reason: str | None = None, tools: Any = None, 
     reasoning = message.get("reasoning_content")
     if reasoning is None:
         reasoning = message.get("reasoning")
+    texts: list[tuple[str, str]] = []
     for field, value in (("content", message.get("content")), ("reasoning_content", reasoning)):
-        scan = scan_text(_text(value), field, reasoning=field != "content", tools_offered=schemas is not None)
+        text = _text(value)
+        scan = scan_text(text, field, reasoning=field != "content", tools_offered=schemas is not None)
         findings += scan.findings
         markup = markup or scan.markup
+        texts.append((field, text))
     calls = message.get("tool_calls")
-    call_findings, names = _check_calls(calls, schemas)
+    call_findings, names = _check_calls(calls, schemas, texts)
     findings += call_findings
+    findings += scan_soft(texts)
     n_calls = len(calls) if isinstance(calls, list) else 0
     findings += _check_consistency(
         names=names, n_calls=n_calls, markup=markup, finish_reason=finish_reason, tool_choice=tool_choice

@@ -17,15 +17,8 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-_TYPE_TESTS: dict[str, Callable[[Any], bool]] = {
-    "integer": lambda v: _is_number(v) and (isinstance(v, int) or v.is_integer()),
-    "number": _is_number,
-    "string": lambda v: isinstance(v, str),
-    "boolean": lambda v: isinstance(v, bool),
-    "null": lambda v: v is None,
-    "object": lambda v: isinstance(v, dict),
-    "array": lambda v: isinstance(v, list),
-}
+_PLAIN_TYPES: dict[str, type] = {"string": str, "object": dict, "array": list, "boolean": bool, "null": type(None)}
+_KNOWN_TYPES = frozenset({*_PLAIN_TYPES, "number", "integer"})
 _BOUNDS: tuple[tuple[str, Callable[[Any, Any], bool], str], ...] = (
     ("minimum", lambda v, b: v < b, "below"),
     ("maximum", lambda v, b: v > b, "above"),
@@ -76,14 +69,20 @@ def _chain(checks: list[Check]) -> Check:
 
 
 def _type_check(expected: Any) -> Check | None:
-    names = expected if isinstance(expected, list) else [expected]
-    tests = [_TYPE_TESTS[n] for n in names if n in _TYPE_TESTS]
-    if not tests:
+    names = [n for n in (expected if isinstance(expected, list) else [expected]) if n in _KNOWN_TYPES]
+    if not names:
         return None
-    label = " or ".join(map(str, names))
+    plain = tuple(_PLAIN_TYPES[n] for n in names if n in _PLAIN_TYPES)
+    number, integer = "number" in names, "integer" in names
+    label = " or ".join(names)
 
     def check(value: Any, path: str) -> str | None:
-        return None if any(t(value) for t in tests) else f"{_where(path)}: expected {label}"
+        if isinstance(value, plain):
+            return None
+        if (number or integer) and isinstance(value, (int, float)) and not isinstance(value, bool):
+            if number or isinstance(value, int) or value.is_integer():
+                return None
+        return f"{_where(path)}: expected {label}"
 
     return check
 

@@ -1,4 +1,4 @@
-"""Rules over free text (`content`, `reasoning_content`, raw arguments): DSML leaks, fragments, tokens, loops.
+"""Hard rules over free text (`content`, `reasoning_content`, raw arguments): DSML leaks, fragments, tokens.
 
 Every scan starts with plain `in` tests so that ordinary prose skips the regular expressions: the checker
 must keep up with a load run (tens of thousands of verdicts per second).
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from dataclasses import dataclass
 
 from dsml_checker.findings import Finding, make_finding
@@ -33,23 +34,13 @@ _PLACEHOLDER_RE = re.compile(r"\$(?:TOOL_NAME|PARAMETER_NAME|PARAMETER_VALUE)")
 # The string= attribute is DeepSeek's own, so that shape counts even when no tools were offered.
 _XML_DEEPSEEK_RE = re.compile(r"<parameter\s+name\s*=[^<>]*?\bstring\s*=")
 _XML_TOOLS_RE = re.compile(r"</?function_calls>|<invoke\s+name\s*=|</invoke>|<function>\s*<name>")
-_FENCE_RE = re.compile(r"^[ \t]{0,3}(`{3,}|~{3,})[^\n]*\n.*?(?:^[ \t]{0,3}\1[ \t]*$|\Z)", re.M | re.S)
-_SPAN_RE = re.compile(r"(?<!`)(`+)(?!`).+?(?<!`)\1(?!`)", re.S)
-_RARE_RE = re.compile(
-    "[\ufffd\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ue000-\uf8ff\ufff0-\ufffc\u200b-\u200f\u2060-\u2064\ufeff"
-    "\U000f0000-\U0010ffff]{3,}"
-)
 _INVOKE_ATTRS_RE = re.compile(r'\s+name="[^"“”]*"\s*/?')
 _PARAM_ATTRS_RE = re.compile(r'\s+name="[^"“”]*"\s+string="(?:true|false)"\s*')
 _PARAM_NAME_RE = re.compile(r'name="([^"]*)"')
 
 _DUP_MIN = 40
-_LOOP_SHIFTS = (24, 35)  # together their divisors cover every loop unit of 1 to 8 bytes
-_LOOP_MIN_ZEROS = 24
-_LOOP_MAX_UNIT = 8
-_LOOP_FILLER = frozenset(" \t\r\n-=_*#~.:|+/\\")
-_ZEROS = b"\0" * _LOOP_MIN_ZEROS
-_PLAIN_ASCII = bytes(range(0x20, 0x7F)) + b"\t\n\r"
+_DUP_LINE_MIN = 4  # blocks are anchored on a line at least this long; "}" or "" repeat legitimately
+_DUP_TRIES = 4
 
 MARKUP_RULES = frozenset(
     {"sentinel", "sentinel-variant", "wrapper-tag", "bare-invoke", "orphan-closer", "truncated-tag",
@@ -65,12 +56,57 @@ class TextScan:
     markup: bool
 
 
+def _code_spans(text: str) -> list[tuple[int, int]]:
+    """Markdown inline code spans: a run of backticks closed by a run of the same length."""
+    spans = []
+    n = len(text)
+    i = text.find("`")
+    while i >= 0:
+        j = i
+        while j < n and text[j] == "`":
+            j += 1
+        fence = text[i:j]
+        k = text.find(fence, j)
+        while k >= 0 and (k + len(fence) < n and text[k + len(fence)] == "`"):
+            k = text.find(fence, len(text) - len(text[k:].lstrip("`")))
+        if k < 0:
+            i = text.find("`", j)  # an unmatched run is literal text
+            continue
+        spans.append((i, k + len(fence)))
+        i = text.find("`", k + len(fence))
+    return spans
+
+
+def _fenced_blocks(text: str) -> list[tuple[int, int]]:
+    """Fenced code blocks: lines opening with ``` or ~~~ (up to 3 spaces in), paired in order; open to the end."""
+    marks = []
+    for mark in ("```", "~~~"):
+        at = text.find(mark)
+        while at >= 0:
+            line = text.rfind("\n", 0, at) + 1
+            if at - line <= 3 and not text[line:at].strip(" "):
+                marks.append((line, mark))
+            at = text.find("\n", at)
+            at = -1 if at < 0 else text.find(mark, at)
+    marks.sort()
+    blocks = []
+    opener: tuple[int, str] | None = None
+    for line, mark in marks:
+        if opener is None:
+            opener = (line, mark)
+        elif mark == opener[1]:
+            end = text.find("\n", line)
+            blocks.append((opener[0], len(text) if end < 0 else end))
+            opener = None
+    if opener is not None:
+        blocks.append((opener[0], len(text)))
+    return blocks
+
+
 def _quoted_regions(text: str) -> list[tuple[int, int]]:
     if "`" not in text and "~~~" not in text:
         return []
-    regions = [m.span() for m in _FENCE_RE.finditer(text)]
-    regions.extend(m.span() for m in _SPAN_RE.finditer(text))
-    return regions
+    return _fenced_blocks(text) + _code_spans(text)
 
 
 class _Collector:
@@ -90,6 +126,8 @@ class _Collector:
 
     def add(self, rule: str, start: int, end: int, *, quotable: bool = True) -> bool:
         """Record `rule` at [start, end) unless already recorded; True when it counts (not quoted)."""
+        if rule in self.seen and (not quotable or "quoted-dsml" in self.seen):
+            return True  # nothing this match could add
         if quotable and self.quoted(start, end):
             rule = "quoted-dsml"
         if rule not in self.seen:
@@ -107,17 +145,27 @@ def _tag_kind(word: str) -> str:
     return "wrapper"
 
 
-def _scan_dsml(text: str, out: _Collector) -> None:
+def _scan_dsml(text: str, low: str, out: _Collector) -> None:
     at = text.find(CANONICAL)
     while at >= 0:
         if out.add("sentinel", at, at + len(CANONICAL)):
             break
         at = text.find(CANONICAL, at + 1)
-    for m in _VARIANT_RE.finditer(text):
-        if not m.group(0).startswith(CANONICAL) and out.add("sentinel-variant", m.start(), m.end()):
-            break
+    # A variant needs a "dsml" outside every canonical sentinel, or doubled bars around one; checking that
+    # first spares ordinary leaks the slow scan.
+    if low.count("dsml") > text.count(CANONICAL) or "｜｜" in text:
+        for m in _VARIANT_RE.finditer(text):
+            if not m.group(0).startswith(CANONICAL) and out.add("sentinel-variant", m.start(), m.end()):
+                break
+    _scan_tags(text, out)
+
+
+def _scan_tags(text: str, out: _Collector) -> None:
+    """One pass over DSML tags: wrappers, bare invokes, orphan closers (hard) and attribute damage (soft)."""
     depth = {"wrapper": 0, "invoke": 0, "parameter": 0}
     wrapper_seen = False
+    names: set[str] = set()
+    last_param_close = -1
     for m in _TAG_RE.finditer(text):
         closing, kind = m.group(1), _tag_kind(m.group(2))
         if kind == "wrapper":
@@ -127,26 +175,16 @@ def _scan_dsml(text: str, out: _Collector) -> None:
                 out.add("orphan-closer", m.start(), m.end())
             else:
                 depth[kind] -= 1
+            if kind == "parameter":
+                last_param_close = text.find(">", m.end())
             continue
         depth[kind] += 1
         if kind == "wrapper":
             wrapper_seen = True
-        elif kind == "invoke" and not wrapper_seen:
-            out.add("bare-invoke", m.start(), m.end())
-    _scan_attributes(text, out)
-
-
-def _scan_attributes(text: str, out: _Collector) -> None:
-    """Soft: damaged attributes, duplicate parameter names, prose between parameters (rule 11)."""
-    names: set[str] = set()
-    last_param_close = -1
-    for m in _TAG_RE.finditer(text):
-        kind = _tag_kind(m.group(2))
-        if m.group(1):
-            if kind == "parameter":
-                last_param_close = text.find(">", m.end())
             continue
-        if kind == "wrapper":
+        if kind == "invoke" and not wrapper_seen:
+            out.add("bare-invoke", m.start(), m.end())
+        if "attr-damage" in out.seen:
             continue
         close = text.find(">", m.end())
         if close < 0:
@@ -157,18 +195,19 @@ def _scan_attributes(text: str, out: _Collector) -> None:
             names.clear()
             last_param_close = -1
         else:
+            # Duplicate names and prose between parameters are damage too (rule 11).
             name = _PARAM_NAME_RE.search(attrs)
             if name is not None:
                 damaged = damaged or name.group(1) in names
                 names.add(name.group(1))
             if last_param_close >= 0 and text[last_param_close + 1 : m.start()].strip():
                 damaged = True
-        if damaged and out.add("attr-damage", m.start(), close + 1):
-            return
+        if damaged:
+            out.add("attr-damage", m.start(), close + 1)
 
 
 def _duplicated(text: str) -> tuple[int, int] | None:
-    """Span of a back-to-back repeat of 40+ characters: a re-sent buffer, or a block of repeated lines."""
+    """Span of a back-to-back repeat of 40+ characters: a re-sent buffer, or a repeated block of lines."""
     head = text[:_DUP_MIN]
     again = text.find(head, _DUP_MIN)
     if again >= 0:
@@ -176,58 +215,29 @@ def _duplicated(text: str) -> tuple[int, int] | None:
         if text.startswith(first, again) or first.startswith(text[again:]):
             return 0, min(len(text), 2 * again)
     lines = text.split("\n")
-    distinct = set(lines)
-    blank = lines.count("")
-    if len(distinct) - ("" in distinct) == len(lines) - blank:
+    if len(set(lines)) + lines.count("") - ("" in lines) == len(lines):
         return None  # no non-blank line occurs twice, so no block of lines can repeat
-    last: dict[str, int] = {}
-    offsets: list[int] = []
-    pos = 0
-    for j, line in enumerate(lines):
-        offsets.append(pos)
-        pos += len(line) + 1
-        if not line.strip():
+    for line, count in Counter(lines).items():
+        if count < 2 or len(line) < _DUP_LINE_MIN or line.isspace():
             continue
-        prev = last.get(line)
-        last[line] = j
-        if prev is None:
-            continue
-        period = j - prev
-        block = lines[prev:j]
-        if sum(map(len, block)) + period >= _DUP_MIN and lines[j : j + period] == block:
-            return offsets[prev], min(len(text), 2 * offsets[j] - offsets[prev])
+        # A block whose first line is `line` repeats iff the text between two occurrences recurs right after.
+        at = text.find(line)
+        for _ in range(min(count - 1, _DUP_TRIES)):
+            nxt = text.find(line, at + len(line))
+            if nxt < 0:
+                break
+            if nxt - at >= _DUP_MIN and text.startswith(text[at:nxt], nxt):
+                return at, 2 * nxt - at
+            at = nxt
     return None
 
 
-def _loop(text: str, raw: bytes) -> tuple[int, int] | None:
-    """Span of a unit of 1–8 characters repeated over ~50+ characters, ignoring whitespace and rulers."""
-    n = len(raw)
-    whole = int.from_bytes(raw, "big")
-    for shift in _LOOP_SHIFTS:
-        if n < shift + _LOOP_MIN_ZEROS:
-            continue
-        # Byte k of `diff` is raw[k] ^ raw[k - shift]: a run of zeros is a stretch repeating with that period.
-        diff = (whole ^ (whole >> (8 * shift))).to_bytes(n, "big")
-        at = diff.find(_ZEROS, shift)
-        while at >= 0:
-            end = at + _LOOP_MIN_ZEROS
-            end = len(diff) - len(diff[end:].lstrip(b"\0"))
-            region = raw[at - shift : end]
-            unit = next((u for u in range(1, _LOOP_MAX_UNIT + 1) if region[u:] == region[:-u]), 0)
-            if unit and not set(region[:unit].decode("utf-8", "replace")) <= _LOOP_FILLER:
-                if text.isascii():
-                    return at - shift, end
-                start = len(raw[: at - shift].decode("utf-8", "ignore"))
-                return start, start + len(region.decode("utf-8", "ignore"))
-            at = diff.find(_ZEROS, end)
-    return None
-
-
-def _control_tokens(text: str, *, has_lt: bool, reasoning: bool) -> list[re.Match[str]]:
+def _control_tokens(text: str, *, has_lt: bool, has_bar: bool, reasoning: bool) -> list[re.Match[str]]:
     """Leaked template tokens (rule 6); reasoning may open with <think>, only </think> is foreign there."""
     found: list[re.Match[str]] = []
     if has_lt:
-        found.extend(_CONTROL_TOKEN_RE.finditer(text))
+        if has_bar:
+            found.extend(_CONTROL_TOKEN_RE.finditer(text))
         if "think>" in text:
             found.extend(m for m in _THINK_RE.finditer(text) if not (reasoning and m.group(0) == "<think>"))
     if "$" in text:
@@ -241,9 +251,11 @@ def scan_text(text: str, field: str, *, reasoning: bool, tools_offered: bool) ->
     if not text:
         return TextScan(out.findings, False)
     has_lt = "<" in text
-    low = text.lower()
+    # Every sentinel and special token has a bar; prose without one skips the case-folded copy.
+    has_bar = "｜" in text or "|" in text or "‖" in text
+    low = text.lower() if has_bar else ""
     if "dsml" in low:
-        _scan_dsml(text, out)
+        _scan_dsml(text, low, out)
     if has_lt:
         tail_at = text.rfind("<")
         if ">" not in text[tail_at:] and _TRUNCATED_RE.fullmatch(text, tail_at):
@@ -257,29 +269,15 @@ def scan_text(text: str, field: str, *, reasoning: bool, tools_offered: bool) ->
             m = _V3_RE.search(text)
             if m is not None:
                 out.add("v3-special-tokens", m.start(), m.end())
-    for m in _control_tokens(text, has_lt=has_lt, reasoning=reasoning):
+    for m in _control_tokens(text, has_lt=has_lt, has_bar=has_bar, reasoning=reasoning):
         if out.add("control-token-leak", m.start(), m.end()):
             break
     if len(text) >= 2 * _DUP_MIN:
         span = _duplicated(text)
         if span is not None:
             out.add("duplicated-output", *span, quotable=False)
-    _scan_soft(text, out)
     markup = any(f.rule in MARKUP_RULES for f in out.findings)
     return TextScan(out.findings, markup)
-
-
-def _scan_soft(text: str, out: _Collector) -> None:
-    """Soft rule 10: repetition loops and runs of rare characters."""
-    raw = text.encode("utf-8", "surrogatepass")
-    span = _loop(text, raw)
-    if span is not None:
-        out.add("repetition-loop", *span, quotable=False)
-    # Printable ASCII cannot hold a rare character; only other text pays for the regular expression.
-    if raw.translate(None, _PLAIN_ASCII):
-        m = _RARE_RE.search(text)
-        if m is not None:
-            out.add("rare-chars", m.start(), m.end(), quotable=False)
 
 
 def _unescaped(text: str) -> str:
@@ -291,7 +289,7 @@ def _unescaped(text: str) -> str:
 
 
 def scan_arguments(text: str, field: str) -> list[Finding]:
-    """Rules for a raw `arguments` string: DSML fragments inside it (hard), loops and rare runs (soft)."""
+    """Rules for a raw `arguments` string: DSML fragments inside it."""
     out = _Collector(text, field)
     if "dsml" in text.lower():
         m = SENTINEL_ANY_RE.search(text)
@@ -299,5 +297,4 @@ def scan_arguments(text: str, field: str) -> list[Finding]:
             m = SENTINEL_ANY_RE.search(_unescaped(text))
         if m is not None:
             out.add("args-dsml", m.start(), m.end(), quotable=False)
-    _scan_soft(text, out)
     return out.findings

@@ -1,0 +1,84 @@
+"""Soft rule 10 over a whole message: repetition loops and runs of rare characters (KV or indexer damage).
+
+All text fields are joined into one byte string and compared with itself shifted, so a message costs a
+handful of C-level big-integer operations however many fields it has: this is the checker's hot path.
+"""
+
+from __future__ import annotations
+
+import re
+from bisect import bisect_right
+from typing import Iterator, Sequence
+
+from dsml_checker.findings import Finding, make_finding
+
+_SHIFTS = (24, 35)  # together their divisors cover every loop unit of 1 to 8 bytes
+_MIN_ZEROS = 24
+_MAX_UNIT = 8
+_ZEROS = b"\0" * _MIN_ZEROS
+_FILLER = frozenset(" \t\r\n-=_*#~.:|+/\\")  # whitespace and Markdown rulers repeat legitimately
+_SEPARATOR = b"\xff"  # never valid UTF-8, so no loop runs across two fields
+_PLAIN = bytes(range(0x20, 0x7F)) + b"\t\n\r"
+_RARE_RE = re.compile(
+    "[\ufffd\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ue000-\uf8ff\ufff0-\ufffc\u200b-\u200f\u2060-\u2064\ufeff"
+    "\U000f0000-\U0010ffff]{3,}"
+)
+# The same characters as UTF-8, searched first in the bytes that are not printable ASCII: a short string for
+# most text, so the character-class scan of the whole field runs only when a rare run is likely.
+_RARE_UTF8_RE = re.compile(
+    rb"(?:[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]|\xc2[\x80-\x9f]|\xef\xbf[\xb0-\xbd]|\xee[\x80-\xbf]{2}"
+    rb"|\xef[\x80-\xa3][\x80-\xbf]|\xe2\x80[\x8b-\x8f]|\xe2\x81[\xa0-\xa4]|\xef\xbb\xbf"
+    rb"|\xf3[\xb0-\xbf][\x80-\xbf]{2}|\xf4[\x80-\x8f][\x80-\xbf]{2}){3,}"
+)
+
+
+def _loop_regions(raw: bytes) -> Iterator[tuple[int, int]]:
+    """Byte spans where a unit of 1–8 bytes repeats over 48+ bytes, fillers excepted."""
+    n = len(raw)
+    whole = int.from_bytes(raw, "big")
+    for shift in _SHIFTS:
+        if n < shift + _MIN_ZEROS:
+            continue
+        # Byte k of `diff` is raw[k] ^ raw[k - shift]: a run of zeros is a stretch repeating with that period.
+        diff = (whole ^ (whole >> (8 * shift))).to_bytes(n, "big")
+        at = diff.find(_ZEROS, shift)
+        while at >= 0:
+            end = n - len(diff[at + _MIN_ZEROS :].lstrip(b"\0"))
+            region = raw[at - shift : end]
+            unit = next((u for u in range(1, _MAX_UNIT + 1) if region[u:] == region[:-u]), 0)
+            if unit and not set(region[:unit].decode("utf-8", "replace")) <= _FILLER:
+                yield at - shift, end
+            at = diff.find(_ZEROS, end)
+
+
+def _chars(encoded: bytes, offset: int) -> int:
+    return len(encoded[:offset].decode("utf-8", "ignore"))
+
+
+def scan_soft(fields: Sequence[tuple[str, str]]) -> list[Finding]:
+    """Findings for (field name, text) pairs: one repetition-loop and one rare-chars finding per field at most."""
+    encoded = [text.encode("utf-8", "surrogatepass") for _, text in fields]
+    raw = _SEPARATOR.join(encoded)
+    if len(raw) < len(fields):
+        return []  # every field is empty
+    starts = []
+    pos = 0
+    for part in encoded:
+        starts.append(pos)
+        pos += len(part) + 1
+    findings: list[Finding] = []
+    looped: set[int] = set()
+    for lo, hi in _loop_regions(raw):
+        i = bisect_right(starts, lo) - 1
+        if i in looped:
+            continue
+        looped.add(i)
+        name, text = fields[i]
+        start, end = _chars(encoded[i], lo - starts[i]), _chars(encoded[i], hi - starts[i])
+        findings.append(make_finding("repetition-loop", name, text, start, end))
+    if _RARE_UTF8_RE.search(raw.translate(None, _PLAIN + _SEPARATOR)):
+        for name, text in fields:
+            m = _RARE_RE.search(text)
+            if m is not None:
+                findings.append(make_finding("rare-chars", name, text, m.start(), m.end()))
+    return findings
