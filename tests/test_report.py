@@ -227,7 +227,7 @@ def test_raw_path_outside_the_run_dir_is_not_read(tmp_path: Path) -> None:
     html = render_report([run], tmp_path / "r.html").html.read_text(encoding="utf-8")
     assert "TOP-SECRET-CONTENT" not in html
     assert "raw bytes ../secret.txt: missing" in html
-    assert "stored excerpt" in html
+    assert "stored excerpt: this field" in html
 
 
 def test_large_raw_file_is_truncated_with_its_size_stated(tmp_path: Path) -> None:

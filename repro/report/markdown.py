@@ -21,6 +21,11 @@ def md_escape(text: object) -> str:
     return _SPECIAL.sub(r"\\\1", re.sub(r"\s+", " ", value))
 
 
+def _code(text: str) -> str:
+    """A code span: nothing inside it is Markdown, so only backticks and line breaks must go."""
+    return "`" + re.sub(r"[`\s]+", " ", text) + "`"
+
+
 def render_markdown(model: ReportModel) -> str:
     conf = fmt_conf(model.confidence)
     lines = ["## repro: tool-call corruption report", ""]
@@ -65,6 +70,6 @@ def render_markdown(model: ReportModel) -> str:
             rules = sorted({rule for s in corrupt for rule in s.rules})
             lines += ["", f"Corrupt sessions in **{md_escape(run.name)}**: "
                       f"{', '.join(str(s.session_id) for s in corrupt[:20])}{' …' if len(corrupt) > 20 else ''}; "
-                      f"rules {', '.join('`' + md_escape(r).replace('`', '') + '`' for r in rules)}"]
+                      f"rules {', '.join(_code(r) for r in rules)}"]
     lines += ["", "The HTML report has the plots and the offending text of every corrupt session."]
     return "\n".join(lines) + "\n"

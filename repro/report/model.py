@@ -168,7 +168,7 @@ class RunView:
     """summary.json exists: the run ended (normally or by Ctrl-C) rather than crashing."""
     gate: dict[str, Any] | None
     metrics: pd.DataFrame | None
-    """metrics.csv (t_s, metric, labels, value) when present and readable."""
+    """metrics.csv (t_s or elapsed_s, metric, labels, value) when present and readable."""
     notes: list[str]
     """Problems with the run directory that the report worked around (a torn metrics file, …)."""
 
@@ -257,6 +257,8 @@ def read_metrics(run_dir: Path) -> tuple[pd.DataFrame | None, str | None]:
         frame = pd.read_csv(file, dtype={"metric": str, "labels": str}, keep_default_na=False)
     except (ValueError, pd.errors.ParserError, UnicodeDecodeError) as err:
         return None, f"{METRICS} could not be read ({type(err).__name__}); server metrics are not shown"
+    # `repro run` names the time column elapsed_s; t_s is the name in the issue.
+    frame = frame.rename(columns={"elapsed_s": "t_s"})
     missing = {"t_s", "metric", "labels", "value"} - set(frame.columns)
     if missing:
         return None, f"{METRICS} lacks columns {', '.join(sorted(missing))}; server metrics are not shown"

@@ -32,13 +32,14 @@ OUTCOME_COLOURS = {
     "error": "#6a1b9a",
     "interrupted": "#757575",
 }
+# The race's signature is load-back traffic under load; a wedge shows as a flat transfer queue.
 PREFERRED_METRICS = (
     "num_running_reqs",
     "num_queue_reqs",
-    "token_usage",
-    "cache_hit_rate",
     "load_back_tokens_total",
     "num_decode_transfer_queue_reqs",
+    "cache_hit_rate",
+    "token_usage",
     "gen_throughput",
 )
 MAX_METRICS = 4
@@ -184,7 +185,7 @@ def metrics_plot(run: RunView, metrics: pd.DataFrame) -> Plot | None:
     present = list(dict.fromkeys(frame["metric"].astype(str)))
     bare = {name.removeprefix("sglang:"): name for name in present}
     chosen = [bare[m] for m in PREFERRED_METRICS if m in bare]
-    chosen += [m for m in present if m not in chosen]
+    chosen += [m for m in present if m not in chosen and not m.endswith(("_bucket", "_created"))]
     chosen = chosen[:MAX_METRICS]
     fig, axes = plt.subplots(len(chosen), 1, figsize=(10, 1.9 * len(chosen)), sharex=True, squeeze=False)
     for ax, metric in zip(axes[:, 0], chosen):
