@@ -1,7 +1,9 @@
 """`repro run` end to end: options, target (a URL or the embedded simulator), run directory, load, summary.
 
 `RunOptions` is the validated option set (CLI, `--config` YAML, a matrix spec's `load:` section);
-`execute_run` is the synchronous entry point the CLI and the matrix call.
+`execute_run` is the synchronous entry point the CLI and the matrix call. The statistics, gate and
+report modules are imported where they are first used: scipy and matplotlib take seconds to import,
+and a usage or target error should not wait for them.
 """
 
 from __future__ import annotations
@@ -26,12 +28,12 @@ from rich.console import Console
 from repro import __version__
 from repro.client import make_client
 from repro.display import final_view, show_progress
-from repro.errors import EXIT_INTERRUPTED, EXIT_OK, TargetError, UsageError, describe_validation_error
+from repro.errors import EXIT_INTERRUPTED, EXIT_OK, ReproError, TargetError, UsageError, describe_validation_error
 from repro.load import LoadProgress, run_load
 from repro.metrics import MetricsScraper, metrics_url
 from repro.records import Manifest, SessionRecord, Summary
 from repro.session import Session, SessionConfig
-from repro.store import METRICS, RunWriter, slug
+from repro.store import METRICS, REPORT, RunWriter, slug
 from repro.workload import load_workload
 
 EMBEDDED_SIM_ARGS = ("--enable-hierarchical-cache", "--index-k-dtype", "bf16", "--enable-metrics", "--enable-cache-report")
@@ -64,7 +66,8 @@ class RunOptions(BaseModel):
     stream: bool = True
     extra_body: dict[str, Any] = Field(default_factory=dict)
     sim_args: list[str] = Field(default_factory=list)
-    max_corruption_rate: float | None = Field(default=None, ge=0.0, le=1.0)
+    max_corruption_rate: float | None = Field(default=None, ge=0.0, lt=1.0)
+    """Gate the run at its end (repro.gate): the exit code says pass, fail or inconclusive."""
 
     @field_validator("base_url")
     @classmethod
@@ -304,14 +307,41 @@ def execute_run(options: RunOptions, *, console: Console | None = None, live: bo
             headers=headers,
         )
         records, interrupted, lag, duration = anyio.run(_drive, options, config, writer, console, live, base_url)
-    # Imported here: the statistics stack (scipy) takes seconds to import, and usage or target
-    # errors should not wait for it.
     from repro.summary import summarize
 
     summary = summarize(records, loop_lag_s=lag, duration_s=duration, interrupted=interrupted)
-    exit_code = EXIT_INTERRUPTED if interrupted else EXIT_OK
     writer.write_summary(summary)
     writer.write_manifest(manifest.model_copy(update={"ended_at": _utc_now()}))
+    exit_code = EXIT_INTERRUPTED if interrupted else EXIT_OK
+    if options.max_corruption_rate is not None:
+        summary, gate_code = _gate(run_dir, summary, options.max_corruption_rate, writer, console)
+        exit_code = exit_code if interrupted else gate_code
     console.print(final_view(summary, run_dir))
+    _report(run_dir, console)
     return RunResult(path=run_dir, summary=summary, exit_code=exit_code)
+
+
+def _gate(run_dir: Path, summary: Summary, limit: float, writer: RunWriter, console: Console) -> tuple[Summary, int]:
+    """Judge the finished run (issue #5's gate) and keep its verdict in summary.json."""
+    from repro.gate import evaluate
+
+    result = evaluate(run_dir, max_corruption_rate=limit)
+    summary = summary.model_copy(update={"gate": result.as_record()})
+    writer.write_summary(summary)
+    for check in result.checks:
+        console.print(check.line, markup=False, highlight=False)
+    console.print(f"gate: {result.status.upper()} (exit {result.exit_code})", markup=False, highlight=False)
+    return summary, result.exit_code
+
+
+def _report(run_dir: Path, console: Console) -> None:
+    """report.html beside the records; a report that cannot be rendered does not undo the run."""
+    from repro.report import render_report
+
+    try:
+        render_report([run_dir], run_dir / REPORT)
+    except ReproError as err:
+        console.print(f"report: not written: {err}", markup=False, highlight=False)
+        return
+    console.print(f"Report: {run_dir / REPORT}", markup=False, highlight=False)
 

@@ -43,7 +43,8 @@ def test_small_run_against_the_sim_matches_its_fault_log(
 ) -> None:
     faults = tmp_path / "faults.jsonl"
     sim = sim_server("--enable-hierarchical-cache", "--index-k-dtype", "bf16", "--enable-metrics", "--fault-log", str(faults))
-    result, screen = run(tmp_path / "run", base_url=sim.base_url, sessions=12, timeout=120, name="small")
+    # 60 sessions: the load at which the simulator's race fires in 15-20% of sessions (the seeds' setting).
+    result, screen = run(tmp_path / "run", base_url=sim.base_url, sessions=60, timeout=120, name="small")
     assert result.exit_code == 0
     loaded = load_run(result.path)
     manifest, summary = loaded.manifest, loaded.summary
@@ -52,18 +53,18 @@ def test_small_run_against_the_sim_matches_its_fault_log(
     assert manifest.target == {"base_url": sim.base_url, "model": manifest.target["model"], "embedded": False}
     assert manifest.server_info is not None and manifest.server_info.get("enable_hierarchical_cache") is True
     assert manifest.workload["name"] == "agentic_coding" and len(manifest.workload["sha256"]) == 64
-    assert manifest.options["sessions"] == 12
+    assert manifest.options["sessions"] == 60
 
-    assert len(loaded.sessions) == 12 == summary.sessions
-    assert sorted(s.session_id for s in loaded.sessions) == list(range(12))
+    assert len(loaded.sessions) == 60 == summary.sessions
+    assert sorted(s.session_id for s in loaded.sessions) == list(range(60))
     assert set(summary.counts) == {"clean", "corrupt", "timeout", "error", "interrupted"}
-    assert summary.counts["clean"] + summary.counts["corrupt"] == 12
+    assert summary.counts["clean"] + summary.counts["corrupt"] == 60
     rate = summary.corruption_rate
-    assert rate.n == 12 and rate.k == summary.counts["corrupt"] and rate.method == "clopper-pearson"
+    assert rate.n == 60 and rate.k == summary.counts["corrupt"] and rate.method == "clopper-pearson"
     assert 0 <= rate.ci_low <= rate.ci_high <= 1
     assert set(summary.latency) == {"ttft_s", "e2e_s", "queue_s", "max_gap_s", "session_s"}
     assert summary.loop_lag is not None and summary.loop_lag.count > 0
-    assert summary.turns == sum(len(s.turns) for s in loaded.sessions) > 12
+    assert summary.turns == sum(len(s.turns) for s in loaded.sessions) > 60
 
     # Every turn: a response id, timings, server accounting; every non-clean turn: its exact bytes on disk.
     for session in loaded.sessions:
@@ -74,16 +75,19 @@ def test_small_run_against_the_sim_matches_its_fault_log(
             if turn.verdict != "clean":
                 assert turn.raw_path and (result.path / turn.raw_path).stat().st_size > 0
 
-    # The harness's verdicts agree with the faults the simulator injected, session by session.
+    # The harness's verdicts agree with the faults the simulator injected, session by session and turn by turn.
     logged = {json.loads(line)["request_id"] for line in faults.read_text().splitlines() if line.strip()}
+    assert logged, "the simulator injected no fault: nothing to compare"
     for session in loaded.sessions:
         hit = {turn.request_id for turn in session.turns} & logged
         assert (session.outcome == "corrupt") == bool(hit), (session.session_id, hit)
+        assert {turn.request_id for turn in session.turns if turn.verdict == "corrupt"} == hit
 
     metrics = (result.path / "metrics.csv").read_text().splitlines()
     assert metrics[0] == "elapsed_s,metric,labels,value"
     assert any(line.split(",")[1] == "sglang:num_requests_total" for line in metrics[1:])
     assert "corruption rate (completed)" in screen and str(result.path) in screen
+    assert "<html" in (result.path / "report.html").read_text()
 
 
 def test_leaked_markup_is_corrupt_and_the_session_goes_on(faulty: str, tmp_path: Path) -> None:
@@ -97,6 +101,15 @@ def test_leaked_markup_is_corrupt_and_the_session_goes_on(faulty: str, tmp_path:
         raw = (result.path / session.turns[0].raw_path).read_bytes()  # type: ignore[operator]
         assert b"\\uff5cDSML\\uff5c" in raw  # the server's JSON escapes the fullwidth bars
     assert result.summary.corruption_rate.k == 2
+
+
+def test_gate_at_the_end_of_a_run(faulty: str, tmp_path: Path) -> None:
+    failed, screen = run(tmp_path / "bad", base_url=f"{faulty}/leak/v1", sessions=3, max_corruption_rate=0.05)
+    assert failed.exit_code == 1 and "gate: FAIL (exit 1)" in screen
+    stored = load_run(failed.path).summary
+    assert stored is not None and stored.gate is not None and stored.gate["status"] == "fail"
+    thin, _ = run(tmp_path / "thin", base_url=f"{faulty}/good/v1", sessions=3, max_corruption_rate=0.05)
+    assert thin.exit_code == 125  # 3 clean sessions cannot show a rate below 5%
 
 
 def test_session_budget_gives_timeouts_with_clean_turn_counts(faulty: str, tmp_path: Path) -> None:
