@@ -92,19 +92,21 @@ def _rate(counts: Counts, *, limit: float, confidence: float) -> GateCheck:
     if lower > limit:
         return GateCheck("corruption-rate", "fail",
                          f"corruption-rate: FAIL: {observed}; at {conf} confidence the rate is above "
-                         f"{fmt_pct(lower)} (one-sided lower bound), over the {fmt_pct(limit)} allowed", numbers)
+                         f"{fmt_pct(lower, precise=True)} (one-sided lower bound), over the "
+                         f"{fmt_pct(limit, precise=True)} allowed", numbers)
     if limit == 0:
         # A zero-tolerance invariant: no interval ever lies under 0, so "none observed" is the pass.
         return GateCheck("corruption-rate", "pass",
                          f"corruption-rate: PASS: {observed}; none observed under a zero-tolerance limit "
-                         f"(the rate is below {fmt_pct(upper)} at {conf})", numbers)
+                         f"(the rate is below {fmt_pct(upper, precise=True)} at {conf})", numbers)
     if upper < limit:
         return GateCheck("corruption-rate", "pass",
-                         f"corruption-rate: PASS: {observed}; the rate is below {fmt_pct(upper)} "
-                         f"({conf} upper bound), under the {fmt_pct(limit)} allowed", numbers)
+                         f"corruption-rate: PASS: {observed}; the rate is below {fmt_pct(upper, precise=True)} "
+                         f"({conf} upper bound), under the {fmt_pct(limit, precise=True)} allowed", numbers)
     return GateCheck("corruption-rate", "inconclusive",
-                     f"corruption-rate: INCONCLUSIVE: {observed}; the {conf} upper bound {fmt_pct(upper)} is not "
-                     f"under {fmt_pct(limit)} and the rate is not shown to exceed it: run more sessions", numbers)
+                     f"corruption-rate: INCONCLUSIVE: {observed}; the {conf} upper bound {fmt_pct(upper, precise=True)} "
+                     f"is not under {fmt_pct(limit, precise=True)} and the rate is not shown to exceed it: "
+                     "run more sessions", numbers)
 
 
 def _baseline(counts: Counts, base: Run, *, confidence: float) -> GateCheck:

@@ -9,6 +9,12 @@ from pathlib import Path
 
 import pytest
 
+import re
+
+import typer
+import yaml
+
+from repro.cli import app
 from repro.errors import UsageError
 from repro.gate import evaluate
 from test_report import make_run, run_main
@@ -23,7 +29,7 @@ def test_clean_run_under_the_limit_passes(tmp_path: Path) -> None:
     assert result.exit_code == 0 and statuses(result) == {"evidence": "pass", "corruption-rate": "pass"}
     line = result.checks[1].line
     assert line.startswith("corruption-rate: PASS: 0 of 60 completed sessions corrupt (0%)")
-    assert "below 4.9% (95% upper bound), under the 10% allowed" in line
+    assert "below 4.87% (95% upper bound), under the 10% allowed" in line
     assert result.checks[1].numbers["upper"] == pytest.approx(1 - 0.05 ** (1 / 60))
 
 
@@ -126,3 +132,17 @@ def test_cli_gate_bad_input_exits_2_with_one_line(tmp_path: Path, capsys: pytest
     assert code == 2 and "--max-corruption-rate" in err and "Traceback" not in err
     code, out, _ = run_main(capsys, "gate", str(run), "--max-corruption-rate", "0.2", "--baseline", str(run))
     assert code == 0 and out.splitlines()[-1] == "gate: PASS (exit 0)"
+
+
+def test_example_ci_job_uses_only_real_commands_and_options() -> None:
+    job = yaml.safe_load((Path(__file__).resolve().parents[1] / "examples" / "github-actions.yml").read_text())
+    commands = typer.main.get_command(app).commands  # type: ignore[attr-defined]
+    used = []
+    for step in job["jobs"]["repro"]["steps"]:
+        script = step.get("run", "")
+        for name in re.findall(r"^\s*repro (\w+)", script, re.MULTILINE):
+            options = {opt for param in commands[name].params for opt in param.opts}
+            for option in re.findall(r"(?<![\w-])--[a-z][a-z-]*", script):
+                assert option in options, f"`repro {name}` has no {option}"
+            used.append(name)
+    assert used == ["run", "report", "gate"]

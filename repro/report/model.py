@@ -28,11 +28,16 @@ CONTEXT_CHARS = 400
 """Characters of model output shown on each side of an offending span."""
 
 
-def fmt_pct(x: float | None) -> str:
-    """A rate as a reviewer reads it: 19%, 4.9%, 0.13%; an em dash when there is no estimate."""
+def fmt_pct(x: float | None, *, precise: bool = False) -> str:
+    """A rate as a reviewer reads it: 19%, 4.9%, 0.13%; an em dash when there is no estimate.
+
+    `precise` keeps three significant digits, for bounds compared against a limit (1.98% vs 2%).
+    """
     if x is None:
         return "—"
     value = 100.0 * x
+    if precise:
+        return f"{value:.3g}%"
     if value == 0.0 or value >= 10.0:
         return f"{value:.0f}%"
     if value >= 0.1:
