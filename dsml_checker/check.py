@@ -47,25 +47,28 @@ def _bad_name(name: Any) -> bool:
     return not isinstance(name, str) or not name or _BAD_NAME_RE.search(name) is not None
 
 
+def _parse_object(args: str) -> dict[str, Any] | None:
+    try:
+        # An empty string is how several servers send a zero-argument call.
+        parsed = json.loads(args) if args.strip() else {}
+    except ValueError:
+        return None
+    return parsed if isinstance(parsed, dict) else None
+
+
 def _check_arguments(args: Any, field: str, schema: Any, has_schema: bool) -> list[Finding]:
     if isinstance(args, dict):
-        text, parsed = json.dumps(args, ensure_ascii=False), args
+        text, parsed, found = json.dumps(args, ensure_ascii=False, default=str), args, []
     elif isinstance(args, str):
-        text = args
-        found = scan_arguments(args, field)
-        try:
-            # An empty string is how several servers send a zero-argument call.
-            parsed = json.loads(args) if args.strip() else {}
-        except ValueError:
+        text, found = args, scan_arguments(args, field)
+        parsed = _parse_object(args)
+        if parsed is None:
             return [*found, _whole("args-not-object", field, text)]
-        if not isinstance(parsed, dict):
-            return [*found, _whole("args-not-object", field, text)]
-        if not has_schema:
-            return found
-        return found + _check_schema(parsed, text, field, schema)
     else:
         return [_whole("args-not-object", field, repr(args))]
-    return _check_schema(parsed, text, field, schema) if has_schema else []
+    if has_schema:
+        found += _check_schema(parsed, text, field, schema)
+    return found
 
 
 def _check_schema(parsed: dict[str, Any], text: str, field: str, schema: Any) -> list[Finding]:

@@ -9,12 +9,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections import Counter
 from dataclasses import dataclass
 from typing import IO, Any, Iterator
 
 from dsml_checker.check import check
+
+# Model text is untrusted: C1 controls, bidi overrides and line separators survive ensure_ascii=False and
+# could drive or reorder a terminal, so they are written as JSON \\u escapes (still the same JSON string).
+_TERMINAL_UNSAFE = {
+    c: f"\\u{c:04x}" for c in [*range(0x80, 0xA0), *range(0x202A, 0x202F), *range(0x2066, 0x206A), 0x2028, 0x2029]
+}
 
 EXIT_CLEAN = 0
 EXIT_CORRUPT = 1
@@ -94,7 +101,7 @@ def run(path: str, *, strict: bool, out: IO[str], err: IO[str]) -> int:
                 verdict = check(turn.message, finish_reason=turn.finish_reason, tools=turn.tools, tool_choice=turn.tool_choice)
                 counts[verdict.label] += 1
                 row = {"line": turn.line, "id": turn.response_id, **verdict.to_dict()}
-                out.write(json.dumps(row, ensure_ascii=False) + "\n")
+                out.write(json.dumps(row, ensure_ascii=False).translate(_TERMINAL_UNSAFE) + "\n")
         finally:
             if stream is not sys.stdin.buffer:
                 stream.close()
@@ -121,9 +128,14 @@ def main(argv: list[str] | None = None) -> None:
     opts = parser.parse_args(argv)
     try:
         code = run(opts.file, strict=opts.strict, out=sys.stdout, err=sys.stderr)
+        sys.stdout.flush()
     except KeyboardInterrupt:
         sys.stderr.write("dsml-check: interrupted\n")
         code = 130
+    except BrokenPipeError:
+        # The reader (e.g. `| head`) went away: stop quietly, and keep Python from complaining at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = EXIT_CLEAN
     sys.exit(code)
 
 

@@ -6,6 +6,7 @@ what SGLang's detector accepts: JSON invoke bodies, self-closing invokes, loose 
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass
@@ -25,7 +26,10 @@ MODES = ("strict", "tolerant")
 
 
 class DSMLParseError(ValueError):
-    """Markup that does not parse: `position` is an offset into the parsed text, `rule` names the rule broken."""
+    """Markup that does not parse: `position` is an offset into the parsed text, `rule` names the rule broken.
+
+    `detail` is the message without the position, for re-raising at another offset.
+    """
 
     def __init__(self, message: str, *, position: int, rule: str) -> None:
         super().__init__(f"{message} at position {position} (rule {rule})")
@@ -126,7 +130,11 @@ def _render_dsml(calls: Sequence[ToolCall], tags: DsmlTags) -> str:
 
 
 def render_calls(calls: Sequence[ToolCall], fmt: str = "v4") -> str:
-    """The tool-call block alone, from its opener to its closer, in the format `fmt`."""
+    """The tool-call block alone, from its opener to its closer, in the format `fmt`.
+
+    Like DeepSeek's encoder, nothing is escaped: a name or key holding `"`, or a string value holding the
+    parameter closer, renders markup that no parser can read back.
+    """
     _check_fmt(fmt)
     if fmt in DSML_FORMATS:
         return _render_dsml(calls, DSML_FORMATS[fmt])
@@ -238,23 +246,17 @@ class _TolerantPatterns:
     param: re.Pattern[str]
 
 
-_TOLERANT_CACHE: dict[str, _TolerantPatterns] = {}
-
-
+@functools.cache
 def _tolerant_patterns(tags: DsmlTags) -> _TolerantPatterns:
-    found = _TOLERANT_CACHE.get(tags.block)
-    if found is None:
-        found = _TolerantPatterns(
-            invoke=re.compile(re.escape(tags.invoke_open) + r'\s+name\s*=\s*"([^"]*)"\s*(/?)>'),
-            param=re.compile(
-                re.escape(tags.param_open)
-                + r'\s+name\s*=\s*"([^"]*)"\s+string\s*=\s*"([^"]*)"\s*>(.*?)'
-                + re.escape(tags.param_close),
-                re.DOTALL,
-            ),
-        )
-        _TOLERANT_CACHE[tags.block] = found
-    return found
+    return _TolerantPatterns(
+        invoke=re.compile(re.escape(tags.invoke_open) + r'\s+name\s*=\s*"([^"]*)"\s*(/?)>'),
+        param=re.compile(
+            re.escape(tags.param_open)
+            + r'\s+name\s*=\s*"([^"]*)"\s+string\s*=\s*"([^"]*)"\s*>(.*?)'
+            + re.escape(tags.param_close),
+            re.DOTALL,
+        ),
+    )
 
 
 def _parse_tolerant_body(body: str, offset: int, tags: DsmlTags, pats: _TolerantPatterns) -> dict[str, Any]:

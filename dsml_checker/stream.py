@@ -61,7 +61,9 @@ class StreamAccumulator:
         if isinstance(content, str):
             self._saw_content = True
             self._content.append(content)
-        reasoning = delta.get("reasoning_content", delta.get("reasoning"))
+        reasoning = delta.get("reasoning_content")
+        if not isinstance(reasoning, str):
+            reasoning = delta.get("reasoning")  # vLLM's name for the same field
         if isinstance(reasoning, str):
             self._saw_reasoning = True
             self._reasoning.append(reasoning)

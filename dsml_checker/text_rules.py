@@ -22,7 +22,7 @@ _VARIANT_RE = re.compile(
     rf"{_SENT}[ \t]*(?:tool_calls|function_calls|toolcalls|tool_use|invoke|invoca|parameter|calls|tool)", re.I
 )
 _TAG_RE = re.compile(rf"<[ \t]*(/?)[ \t]*{_SENT}[ \t]*([a-z_]*)", re.I)
-_TRUNCATED_RE = re.compile(rf"</?[ \t]*{_BAR}[ \t]*(?:[a-z▁_]*|dsml[ \t]*{_BAR}[^<>]*)", re.I)
+_TRUNCATED_RE = re.compile(rf"</?[ \t]*{_BAR}[ \t]*(?:[a-z▁_]*(?:{_BAR})?|dsml[ \t]*{_BAR}[^<>]*)", re.I)
 _V3_RE = re.compile(
     rf"<[ \t]*{_BAR}[ \t]*tool[▁_ ]?(?:calls?[▁_ ]?(?:begin|end)|sep|outputs?[▁_ ]?(?:begin|end))[ \t]*{_BAR}[ \t]*>", re.I
 )
@@ -252,7 +252,7 @@ def scan_text(text: str, field: str, *, reasoning: bool, tools_offered: bool) ->
         return TextScan(out.findings, False)
     has_lt = "<" in text
     # Every sentinel and special token has a bar; prose without one skips the case-folded copy.
-    has_bar = "｜" in text or "|" in text or "‖" in text
+    has_bar = "|" in text or (not text.isascii() and ("｜" in text or "‖" in text))
     low = text.lower() if has_bar else ""
     if "dsml" in low:
         _scan_dsml(text, low, out)

@@ -112,3 +112,25 @@ def test_missing_file_is_a_usage_error() -> None:
 def test_bad_option_is_a_usage_error() -> None:
     done = dsml_check("--no-such-flag", "x")
     assert done.returncode == 2 and "Traceback" not in done.stderr.decode()
+
+
+def test_terminal_control_characters_in_model_text_are_escaped() -> None:
+    content = "x\u009b31m \u202eevil\u202c <｜DSML｜invoke"
+    done = dsml_check("-", stdin=json.dumps({"message": {"content": content}}))
+    out = done.stdout.decode()
+    assert "\u009b" not in out and "\u202e" not in out
+    assert "\\u009b" in out and "\\u202e" in out
+    assert "｜DSML｜" in out  # ordinary non-ASCII stays readable
+    assert json.loads(out)["label"] == "corrupt"
+
+
+def test_a_closed_pipe_ends_quietly() -> None:
+    rows = "".join(json.dumps({"message": {"content": f"answer {i}"}}) + "\n" for i in range(20000))
+    reader = subprocess.Popen(["head", "-n", "1"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    writer = subprocess.run([*COMMAND, "-"], input=rows.encode(), stdout=reader.stdin, stderr=subprocess.PIPE, timeout=120)
+    reader.stdin.close()
+    first = reader.stdout.read()
+    reader.wait(timeout=30)
+    assert json.loads(first)["label"] == "clean"
+    assert writer.returncode == 0
+    assert b"Traceback" not in writer.stderr

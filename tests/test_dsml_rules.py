@@ -76,7 +76,7 @@ CASES: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {
     ),
     "truncated-tag": (
         [text("Let me check.\n\n<｜DSML"), text("ok <｜DSML｜inv"), text('<｜DSML｜invoke name="ba'), text("text </｜DSML｜para"),
-         text("ok <｜tool▁calls▁be")],
+         text("ok <｜tool▁calls▁be"), text("done<｜end▁of▁sentence｜"), text("Hi <|")],
         [text("the prefix <｜DSM followed by prose"), text("3 < 5"), text("ends with a tag <b>")],
     ),
     "xml-tool-tags": (
@@ -177,8 +177,11 @@ CASES: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {
         [text(BLOCK), text('<｜DSML｜invoke name="submit"/>')],
     ),
     "quoted-dsml": (
-        [text("Use `<｜DSML｜invoke name=\"f\">` to call."), text("Example:\n```\n" + BLOCK + "\n```\nThat is all.")],
-        [text("plain prose"), text("`code` only")],
+        [text("Use `<｜DSML｜invoke name=\"f\">` to call."), text("Example:\n```\n" + BLOCK + "\n```\nThat is all."),
+         text("~~~xml\n" + BLOCK + "\n~~~"), text("Unclosed fence runs to the end:\n```\n" + BLOCK),
+         text("Double ``a ` <｜DSML｜invoke> `` span")],
+        [text("plain prose"), text("`code` only"), text("a lone ` then <｜DSML｜invoke name=\"f\">"),
+         text("``mismatched` <｜DSML｜invoke>``` runs")],
     ),
 }
 
