@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from repro.cli import main
+from repro.gate import evaluate
 from repro.records import FindingRecord, Manifest, RateEstimate, SessionRecord, Summary, TurnRecord
 from repro.report import render_report
 from repro.store import RunWriter
@@ -268,3 +269,22 @@ def test_cli_report_bad_input_is_one_line_and_exit_2(tmp_path: Path, capsys: pyt
     (run / "manifest.json").write_text("{}", encoding="utf-8")
     code, _, err = run_main(capsys, "report", str(run))
     assert code == 2 and err.count("\n") == 1 and "manifest.json" in err
+
+
+def test_gate_stored_by_repro_run_shows_in_html_and_junit(tmp_path: Path) -> None:
+    run = make_run(tmp_path / "r", name="gated", clean=58, corrupt=2)
+    gate = evaluate(run, max_corruption_rate=0.05)
+    summary = Summary.model_validate_json((run / "summary.json").read_text(encoding="utf-8"))
+    (run / "summary.json").write_text(summary.model_copy(update={"gate": gate.as_record()}).model_dump_json(),
+                                      encoding="utf-8")
+    result = render_report([run], tmp_path / "r.html", markdown=tmp_path / "s.md", junit=tmp_path / "j.xml")
+    html = result.html.read_text(encoding="utf-8")
+    assert "Gate: gated" in html and "corruption-rate: INCONCLUSIVE: 2 of 60 completed sessions corrupt" in html
+    assert "## repro: CORRUPT: tool-call corruption report" in (tmp_path / "s.md").read_text(encoding="utf-8")
+    suite = ET.parse(tmp_path / "j.xml").getroot().find("testsuite")
+    assert suite is not None
+    names = [(case.get("classname"), case.get("name")) for case in suite.iter("testcase")]
+    assert names == [("repro.run", "gated"), ("repro.gate.gated", "evidence"), ("repro.gate.gated", "corruption-rate")]
+    rate = suite.findall("testcase")[2]
+    assert rate.find("skipped") is not None
+    assert {p.get("name"): p.get("value") for p in rate.iter("property")}["k"] == "2"

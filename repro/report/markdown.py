@@ -28,7 +28,7 @@ def _code(text: str) -> str:
 
 def render_markdown(model: ReportModel) -> str:
     conf = fmt_conf(model.confidence)
-    lines = ["## repro: tool-call corruption report", ""]
+    lines = [f"## repro: {model.overall.upper()}: tool-call corruption report", ""]
     for run in model.runs:
         lines.append(f"{_ICON[run.verdict.kind]} **{md_escape(run.name)}**: {md_escape(run.verdict.headline)}")
         lines.extend(f"  - {md_escape(detail)}" for detail in run.verdict.details)

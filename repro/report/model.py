@@ -226,6 +226,8 @@ def verdict_for(counts: Counts, rate: Interval, upper: float, worst: Interval, b
             f"the rate over all judged sessions lies between {fmt_pct(best.estimate)} and "
             f"{fmt_pct(worst.estimate)}."
         )
+    if counts.suspect:
+        details.append(f"{counts.suspect} clean sessions had soft findings only (suspect, not counted as corrupt).")
     if counts.error:
         details.append(f"{counts.error} sessions failed with transport or HTTP errors; they are not counted.")
     if counts.wedged:
