@@ -7,16 +7,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
-
-import matplotlib.pyplot as plt
+from typing import TYPE_CHECKING, Sequence
 
 from repro.errors import UsageError
-from repro.report import plots
 from repro.report.html import render_html
 from repro.report.junit import render_junit
 from repro.report.markdown import render_markdown
 from repro.report.model import ReportModel, build_model
+
+if TYPE_CHECKING:
+    from repro.report.plots import Plot
 
 __all__ = ["ReportResult", "render_report"]
 
@@ -31,7 +31,12 @@ class ReportResult:
     model: ReportModel
 
 
-def _plots(model: ReportModel) -> list[plots.Plot]:
+def _plots(model: ReportModel) -> list[Plot]:
+    # Imported here: matplotlib takes a while to load, and `repro gate` uses this package without drawing.
+    import matplotlib.pyplot as plt
+
+    from repro.report import plots
+
     # Run names and metric labels are data, not TeX: "$" must not switch matplotlib into mathtext.
     with plt.rc_context({"text.parse_math": False}):
         drawn = [plots.outcomes_plot(model.runs), plots.latency_plot(model.runs)]

@@ -7,13 +7,15 @@ carries no script and a Content-Security-Policy that forbids any.
 from __future__ import annotations
 
 import math
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import jinja2
 
 from repro.records import OUTCOMES
 from repro.report.model import ReportModel, fmt_conf, fmt_pct, fmt_points
-from repro.report.plots import Plot
+
+if TYPE_CHECKING:
+    from repro.report.plots import Plot
 
 MAX_DRILL = 50
 """Sessions shown in full per run and outcome; the rest are counted."""
@@ -50,7 +52,3 @@ def render_html(model: ReportModel, plots: list[Plot]) -> str:
     return _ENV.get_template("report.html.j2").render(
         model=model, plots=plots, outcomes=OUTCOMES, max_drill=MAX_DRILL
     )
-
-
-def write_html(model: ReportModel, plots: list[Plot], output: Path) -> None:
-    Path(output).write_text(render_html(model, plots), encoding="utf-8")
