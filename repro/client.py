@@ -21,7 +21,7 @@ from repro.records import TurnStatus
 
 _CONNECT_EVENT = "connection.connect_tcp.started"
 _SENT_EVENT = "http11.send_request_headers.started"
-SHARD_CONNECTIONS = 16
+SHARD_CONNECTIONS = 8
 """Connections per pool shard; see `make_client`."""
 _SSE_FIELDS = (b"data", b"event", b"id", b"retry")
 
@@ -304,7 +304,7 @@ def _parse_completion(body: bytes) -> tuple[dict[str, Any], str | None, dict[str
 
 async def send_turn(
     client: httpx.AsyncClient,
-    url: str,
+    url: str | httpx.URL,
     payload: dict[str, Any],
     *,
     stream: bool = True,

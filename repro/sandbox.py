@@ -7,6 +7,7 @@ context grows turn by turn. Pure functions: no file system, no clock.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import random
@@ -117,4 +118,10 @@ def execute(workload: Workload, name: str, arguments: str) -> str:
         return "error: arguments are not valid JSON"
     if not isinstance(args, dict):
         return "error: arguments must be a JSON object"
-    return _BEHAVIOURS[tool.behaviour](args, workload.sandbox)
+    return _result(tool.behaviour, json.dumps(args, sort_keys=True), workload.sandbox)
+
+
+@functools.lru_cache(maxsize=4096)
+def _result(behaviour: str, canonical_args: str, sizes: SandboxSizes) -> str:
+    # Sessions keep asking for the same files; generating a big result costs milliseconds of CPU.
+    return _BEHAVIOURS[behaviour](json.loads(canonical_args), sizes)

@@ -54,6 +54,9 @@ class ToolSpec(_Strict):
 class SandboxSizes(_Strict):
     """How big the deterministic tool results are: this is what makes the context grow turn by turn."""
 
+    # Frozen, so hashable: the sandbox caches results per (call, sizes).
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
     file_lines: int = Field(default=120, ge=1, le=100_000)
     line_width: int = Field(default=72, ge=8, le=1_000)
     grep_matches: int = Field(default=12, ge=0, le=10_000)

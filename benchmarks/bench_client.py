@@ -1,0 +1,139 @@
+"""How much the `repro run` client costs, and how many sessions one process drives before it distorts timings.
+
+Against benchmarks/fast_stream_server.py on loopback (a separate process, so the server's CPU is
+not counted), through the real stack (load → session → client → dsml_checker → sandbox):
+
+1. Client CPU per turn and per streamed chunk: the same sessions with few and with many chunks per
+   turn, no pacing; CPU time of this process divided out, the two runs solved for a per-turn base
+   and a per-chunk cost.
+2. Sustained concurrency: C sessions at once for C = 250, 500, 1000, 2000, ... with paced streams
+   shaped like a loaded DeepSeek deployment (default: 2 s to the first chunk, then 32 chunks 0.25 s
+   apart, a 10 s turn; starts spread over 5 s); for each C the client's event-loop lag p99; the
+   largest C with p99 under 50 ms is the figure of merit (target 2,000).
+
+Usage: `python benchmarks/bench_client.py [--levels 250,500,1000,2000,3000] [--quick]`. Prints numbers only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import sys
+import time
+from pathlib import Path
+
+import anyio
+
+from repro.client import make_client
+from repro.load import run_load
+from repro.procs import ManagedProcess, free_port, start_process, wait_http_ready
+from repro.records import SessionRecord
+from repro.session import Session, SessionConfig
+from repro.workload import load_workload
+
+SERVER = Path(__file__).resolve().parent / "fast_stream_server.py"
+LAG_LIMIT_S = 0.050
+
+
+def start_server(chunks: int, interval: float, final_after: int, ttft: float = 0.0) -> tuple[ManagedProcess, str]:
+    port = free_port()
+    cmd = [sys.executable, str(SERVER), "--port", str(port), "--ttft", str(ttft), "--chunks", str(chunks),
+           "--interval", str(interval), "--final-after", str(final_after)]
+    proc = start_process(cmd)
+    wait_http_ready(f"http://127.0.0.1:{port}/v1/models", timeout=30, process=proc)
+    return proc, f"http://127.0.0.1:{port}/v1"
+
+
+def drive(base_url: str, sessions: int, turns: int, ramp_up: float = 0.0) -> tuple[list[SessionRecord], list[float], float, float]:
+    """Run `sessions` sessions at once; returns records, loop-lag samples, wall and CPU seconds of the load."""
+    config = SessionConfig(url=f"{base_url}/chat/completions", model="bench", workload=load_workload().workload,
+                           turns=turns, timeout=600, turn_timeout=300, stall_timeout=120)
+    records: list[SessionRecord] = []
+
+    async def load() -> tuple[list[float], float, float]:
+        async with make_client(sessions) as client:
+            origin = time.perf_counter()
+
+            def make(index: int) -> Session:
+                return Session(index, config, client, keep_raw=lambda s, t, data: "", origin=origin)
+
+            cpu = time.process_time()
+            result = await run_load(sessions, sessions, make, records.append, ramp_up=ramp_up, handle_signals=False)
+            return result.loop_lag_s, result.duration_s, time.process_time() - cpu
+
+    lag, wall, cpu = anyio.run(load)
+    return records, lag, wall, cpu
+
+
+def p99(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] if ordered else float("nan")
+
+
+def cpu_costs(sessions: int, turns: int) -> None:
+    per_turn: dict[int, float] = {}
+    for chunks in (1, 64):
+        proc, url = start_server(chunks, 0.0, final_after=turns)
+        try:
+            records, _, wall, cpu = drive(url, sessions, turns)
+        finally:
+            proc.stop()
+        done = sum(len(r.turns) for r in records)
+        bad = sum(r.outcome != "clean" for r in records)
+        per_turn[chunks] = cpu / done
+        print(f"cpu: {chunks:3d} chunks/turn: {done} turns in {wall:.2f}s wall, {cpu:.2f}s client CPU, "
+              f"{1e3 * cpu / done:.3f} ms CPU/turn ({bad} sessions not clean)")
+    per_chunk = (per_turn[64] - per_turn[1]) / 63
+    base = per_turn[1] - per_chunk
+    print(f"cpu: per streamed chunk {1e6 * per_chunk:.1f} us; per turn (request, judge, tools) {1e3 * base:.3f} ms")
+
+
+def concurrency(levels: list[int], turns: int, ttft: float, chunks: int, interval: float, ramp_up: float) -> None:
+    best = 0
+    print(f"sweep: {ttft:g}s to the first chunk, then {chunks} chunks {interval:g}s apart; {turns} turns a session; "
+          f"starts spread over {ramp_up:g}s")
+    for level in levels:
+        proc, url = start_server(chunks, interval, final_after=turns, ttft=ttft)
+        try:
+            records, lag, wall, cpu = drive(url, level, turns, ramp_up)
+        finally:
+            proc.stop()
+        done = sum(len(r.turns) for r in records)
+        bad = sum(r.outcome != "clean" for r in records)
+        lag99 = p99(lag)
+        ok = lag99 < LAG_LIMIT_S and bad == 0
+        best = level if ok else best
+        print(f"concurrency {level:5d}: {done} turns in {wall:.1f}s ({done / wall:.0f} turns/s, "
+              f"{done * chunks / wall:.0f} chunks/s), client CPU {cpu / wall:.0%} of a core, "
+              f"loop lag p99 {1e3 * lag99:.1f} ms, max {1e3 * max(lag, default=0):.1f} ms, "
+              f"{bad} not clean -> {'ok' if ok else 'over'}")
+        if not ok:
+            break
+    print(f"largest concurrency with loop lag p99 < {1e3 * LAG_LIMIT_S:.0f} ms: {best}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--levels", default="250,500,1000,2000,3000")
+    parser.add_argument("--turns", type=int, default=3)
+    parser.add_argument("--ttft", type=float, default=2.0, help="Seconds to the first chunk (prefill).")
+    parser.add_argument("--chunks", type=int, default=32)
+    parser.add_argument("--interval", type=float, default=0.25, help="Seconds between chunks.")
+    parser.add_argument("--ramp-up", type=float, default=5.0)
+    parser.add_argument("--quick", action="store_true", help="Small numbers, to check that the script runs.")
+    args = parser.parse_args()
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    levels = [20, 40] if args.quick else [int(x) for x in args.levels.split(",")]
+    # First calls compile regular expressions and import lazily: keep them out of the figures.
+    proc, url = start_server(4, 0.0, final_after=args.turns)
+    try:
+        drive(url, 10, args.turns)
+    finally:
+        proc.stop()
+    cpu_costs(sessions=20 if args.quick else 200, turns=args.turns)
+    concurrency(levels, args.turns, args.ttft, args.chunks, args.interval, args.ramp_up)
+
+
+if __name__ == "__main__":
+    main()
