@@ -2,7 +2,8 @@
 
 Run: `python benchmarks/bench_checker.py [--seconds S]`. The target is 20,000 verdicts/s for the mix, so the
 checker never limits a load run. Wall-clock rates depend on what else the machine runs; the CPU-second rate
-(verdicts per second of this process's CPU time) is the one-core figure.
+(verdicts per second of this process's CPU time) is the one-core figure, and the cost of one verdict in units
+of a fixed pure-Python loop (the yardstick) lets numbers from a busy machine be compared with an idle one.
 """
 
 from __future__ import annotations
@@ -119,6 +120,14 @@ def measure(turns: list[tuple[dict[str, Any], str]], seconds: float) -> tuple[fl
     return done / (time.perf_counter() - start), done / (time.process_time() - cpu_start)
 
 
+def reference_cost(rounds: int = 50) -> float:
+    """CPU seconds of a fixed pure-Python loop: a yardstick for how fast this core is right now."""
+    start = time.process_time()
+    for _ in range(rounds):
+        sum(range(20_000))
+    return (time.process_time() - start) / rounds
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=2.0, help="time per measurement")
@@ -137,10 +146,12 @@ def main() -> None:
     rng.shuffle(even)
     size = sum(len(json.dumps(m, ensure_ascii=False)) for m, _ in even) / len(even)
     print(f"mean message size: {size:.0f} bytes (JSON); load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
-    print(f"{'turns':14s} {'wall verdicts/s':>16s} {'CPU verdicts/s':>16s}")
+    ref = reference_cost()
+    print(f"yardstick: sum(range(20000)) costs {ref * 1e6:.0f} µs of CPU here (a verdict is quoted in these units too)")
+    print(f"{'turns':14s} {'wall verdicts/s':>16s} {'CPU verdicts/s':>16s} {'yardsticks/verdict':>19s}")
     for name, turns in (("clean", clean), ("corrupt", corrupt), ("mix 85/15", realistic), ("mix 50/50", even)):
         wall, cpu = measure(turns, opts.seconds)
-        print(f"{name:14s} {wall:16,.0f} {cpu:16,.0f}")
+        print(f"{name:14s} {wall:16,.0f} {cpu:16,.0f} {1 / (cpu * ref):19.3f}")
 
 if __name__ == "__main__":
     main()

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-Check = Callable[[Any, str], "str | None"]
+# A compiled check returns None, or "<JSON pointer relative to the value>: <reason>"; parents prefix their key
+# only on failure, so valid arguments build no path strings.
+Check = Callable[[Any], "str | None"]
 
 
 def _is_number(value: Any) -> bool:
@@ -40,15 +42,11 @@ def json_equal(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b
 
 
-def _where(path: str) -> str:
-    return path or "/"
+def _pointer(key: Any) -> str:
+    return "/" + str(key).replace("~", "~0").replace("/", "~1")
 
 
-def _pointer(path: str, key: Any) -> str:
-    return f"{path}/{str(key).replace('~', '~0').replace('/', '~1')}"
-
-
-def _valid(value: Any, path: str) -> None:
+def _valid(value: Any) -> None:
     return None
 
 
@@ -58,9 +56,9 @@ def _chain(checks: list[Check]) -> Check:
     if len(checks) == 1:
         return checks[0]
 
-    def run(value: Any, path: str) -> str | None:
+    def run(value: Any) -> str | None:
         for one in checks:
-            error = one(value, path)
+            error = one(value)
             if error:
                 return error
         return None
@@ -76,13 +74,13 @@ def _type_check(expected: Any) -> Check | None:
     number, integer = "number" in names, "integer" in names
     label = " or ".join(names)
 
-    def check(value: Any, path: str) -> str | None:
+    def check(value: Any) -> str | None:
         if isinstance(value, plain):
             return None
         if (number or integer) and isinstance(value, (int, float)) and not isinstance(value, bool):
             if number or isinstance(value, int) or value.is_integer():
                 return None
-        return f"{_where(path)}: expected {label}"
+        return f": expected {label}"
 
     return check
 
@@ -97,23 +95,23 @@ def _object_check(schema: dict[str, Any]) -> Check | None:
     if not (required or props or extra or closed):
         return None
 
-    def check(value: Any, path: str) -> str | None:
+    def check(value: Any) -> str | None:
         if not isinstance(value, dict):
             return None
         for key in required:
             if key not in value:
-                return f"{_where(path)}: missing required property {key!r}"
+                return f": missing required property {key!r}"
         for key, item in value.items():
             sub = props.get(key)
             if sub is None:
                 if closed:
-                    return f"{_where(path)}: unexpected property {key!r}"
+                    return f": unexpected property {key!r}"
                 sub = extra
                 if sub is None:
                     continue
-            error = sub(item, _pointer(path, key))
+            error = sub(item)
             if error:
-                return error
+                return _pointer(key) + error
         return None
 
     return check
@@ -126,18 +124,18 @@ def _array_check(schema: dict[str, Any]) -> Check | None:
     if low is None and high is None and items is None:
         return None
 
-    def check(value: Any, path: str) -> str | None:
+    def check(value: Any) -> str | None:
         if not isinstance(value, list):
             return None
         if low is not None and len(value) < low:
-            return f"{_where(path)}: fewer than {low} items"
+            return f": fewer than {low} items"
         if high is not None and len(value) > high:
-            return f"{_where(path)}: more than {high} items"
+            return f": more than {high} items"
         if items is not None:
             for i, item in enumerate(value):
-                error = items(item, f"{path}/{i}")
+                error = items(item)
                 if error:
-                    return error
+                    return f"/{i}{error}"
         return None
 
     return check
@@ -148,23 +146,23 @@ def _scalar_checks(schema: dict[str, Any]) -> list[Check]:
     short, long = schema.get("minLength"), schema.get("maxLength")
     if short is not None or long is not None:
 
-        def lengths(value: Any, path: str) -> str | None:
+        def lengths(value: Any) -> str | None:
             if isinstance(value, str):
                 if short is not None and len(value) < short:
-                    return f"{_where(path)}: shorter than {short}"
+                    return f": shorter than {short}"
                 if long is not None and len(value) > long:
-                    return f"{_where(path)}: longer than {long}"
+                    return f": longer than {long}"
             return None
 
         checks.append(lengths)
     bounds = [(key, broken, word, schema[key]) for key, broken, word in _BOUNDS if _is_number(schema.get(key))]
     if bounds:
 
-        def ranges(value: Any, path: str) -> str | None:
+        def ranges(value: Any) -> str | None:
             if _is_number(value):
                 for key, broken, word, bound in bounds:
                     if broken(value, bound):
-                        return f"{_where(path)}: {word} {key} {bound}"
+                        return f": {word} {key} {bound}"
             return None
 
         checks.append(ranges)
@@ -180,9 +178,9 @@ def _combinator_checks(schema: dict[str, Any]) -> list[Check]:
     if isinstance(any_of, list) and any_of:
         options = [compile_schema(sub) for sub in any_of]
 
-        def anyof(value: Any, path: str) -> str | None:
-            if all(option(value, path) for option in options):
-                return f"{_where(path)}: matches none of anyOf"
+        def anyof(value: Any) -> str | None:
+            if all(option(value) for option in options):
+                return f": matches none of anyOf"
             return None
 
         checks.append(anyof)
@@ -190,9 +188,9 @@ def _combinator_checks(schema: dict[str, Any]) -> list[Check]:
     if isinstance(one_of, list) and one_of:
         choices = [compile_schema(sub) for sub in one_of]
 
-        def oneof(value: Any, path: str) -> str | None:
-            matched = sum(1 for choice in choices if choice(value, path) is None)
-            return None if matched == 1 else f"{_where(path)}: matches {matched} of oneOf, not exactly one"
+        def oneof(value: Any) -> str | None:
+            matched = sum(1 for choice in choices if choice(value) is None)
+            return None if matched == 1 else f": matches {matched} of oneOf, not exactly one"
 
         checks.append(oneof)
     return checks
@@ -201,16 +199,16 @@ def _combinator_checks(schema: dict[str, Any]) -> list[Check]:
 def compile_schema(schema: Any) -> Check:
     """A function (instance, json_pointer) -> first violation as "/pointer: reason", or None when valid."""
     if schema is False:
-        return lambda value, path: f"{_where(path)}: no value is allowed"
+        return lambda value: ": no value is allowed"
     if not isinstance(schema, dict):
         return _valid
     checks: list[Check | None] = [_type_check(schema["type"]) if "type" in schema else None]
     if isinstance(schema.get("enum"), list):
         options = schema["enum"]
-        checks.append(lambda v, p: None if any(json_equal(v, o) for o in options) else f"{_where(p)}: not one of the enum values")
+        checks.append(lambda v: None if any(json_equal(v, o) for o in options) else f": not one of the enum values")
     if "const" in schema:
         const = schema["const"]
-        checks.append(lambda v, p: None if json_equal(v, const) else f"{_where(p)}: not the const value")
+        checks.append(lambda v: None if json_equal(v, const) else f": not the const value")
     checks += [_object_check(schema), _array_check(schema), *_scalar_checks(schema), *_combinator_checks(schema)]
     return _chain([c for c in checks if c is not None])
 
@@ -228,4 +226,5 @@ def schema_error(instance: Any, schema: Any) -> str | None:
         # The entry keeps the schema alive, so its id cannot be reused by another object while cached.
         cached = (schema, compile_schema(schema))
         _COMPILED[id(schema)] = cached
-    return cached[1](instance, "")
+    error = cached[1](instance)
+    return None if error is None else ("/" + error if error.startswith(":") else error)

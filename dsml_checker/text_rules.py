@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections import Counter
 from dataclasses import dataclass
 
 from dsml_checker.findings import Finding, make_finding
@@ -39,7 +38,7 @@ _PARAM_ATTRS_RE = re.compile(r'\s+name="[^"“”]*"\s+string="(?:true|false)"\s
 _PARAM_NAME_RE = re.compile(r'name="([^"]*)"')
 
 _DUP_MIN = 40
-_DUP_LINE_MIN = 4  # blocks are anchored on a line at least this long; "}" or "" repeat legitimately
+_DUP_LINE_MIN = 16
 _DUP_TRIES = 4
 
 MARKUP_RULES = frozenset(
@@ -214,15 +213,21 @@ def _duplicated(text: str) -> tuple[int, int] | None:
         first = text[:again]
         if text.startswith(first, again) or first.startswith(text[again:]):
             return 0, min(len(text), 2 * again)
-    lines = text.split("\n")
-    if len(set(lines)) + lines.count("") - ("" in lines) == len(lines):
-        return None  # no non-blank line occurs twice, so no block of lines can repeat
-    for line, count in Counter(lines).items():
-        if count < 2 or len(line) < _DUP_LINE_MIN or line.isspace():
-            continue
+    # A repeated block is anchored on one of its lines that is long enough to mean something: short lines
+    # (table rulers, braces, blank lines) repeat in any answer and would only cost time.
+    lines = [line for line in text.split("\n") if len(line) >= _DUP_LINE_MIN]
+    if len(set(lines)) == len(lines):
+        return None
+    seen: set[str] = set()
+    repeated: dict[str, None] = {}
+    for line in lines:
+        if line in seen:
+            repeated[line] = None
+        seen.add(line)
+    for line in repeated:
         # A block whose first line is `line` repeats iff the text between two occurrences recurs right after.
         at = text.find(line)
-        for _ in range(min(count - 1, _DUP_TRIES)):
+        for _ in range(_DUP_TRIES):
             nxt = text.find(line, at + len(line))
             if nxt < 0:
                 break

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from dsml_checker import ToolCall, check, parse_calls, render_calls, render_completion, split_completion
 
-SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 # Printable unicode plus the characters the format must carry literally; no fullwidth bar, which would let a
 # value spell a tag, and short strings so that a value cannot form a 48-byte repetition loop.

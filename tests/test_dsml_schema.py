@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from dsml_checker.schema import json_equal, schema_error
 
-SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 small_ints = st.integers(-3, 3)
 scalar_values = st.none() | st.booleans() | small_ints | st.sampled_from([0.5, 1.0, -2.0]) | st.sampled_from(["", "a", "ab", "abc"])
