@@ -3,8 +3,8 @@
 Headless Chromium (Debian's `chromium`, installed by `.ci/run`) loads the page from disk; `--dump-dom`
 returns the DOM after load, so a payload that ran would show as a changed title, an added element or
 attribute. A control page with a real script proves the browser runs JavaScript at all, so "no script
-ran" is not vacuous. The report is checked twice: as written (with its Content-Security-Policy) and
-with the policy removed, so autoescaping alone must hold.
+ran" is not vacuous. The DOM check runs on the report with its Content-Security-Policy removed, so
+autoescaping alone must hold; the screenshot is of the report as shipped.
 """
 
 from __future__ import annotations
@@ -96,31 +96,33 @@ def test_hostile_model_output_is_shown_as_text_and_never_runs(tmp_path: Path) ->
     run = make_run(tmp_path / "run", name=HOSTILE_NAME, clean=3, corrupt=2, leak=HOSTILE, task=HOSTILE[:80])
     report = render_report([run], tmp_path / "report.html").html
     html = report.read_text(encoding="utf-8")
+    # The shipped page forbids scripts by policy; the check below removes the policy, so escaping alone must hold.
+    csp = '<meta http-equiv="Content-Security-Policy" content="default-src \'none\'; img-src data:;'
+    assert html.count(csp) == 1
     no_csp = tmp_path / "report-no-csp.html"
-    no_csp.write_text(html.replace('http-equiv="Content-Security-Policy"', 'name="csp-removed"'), encoding="utf-8")
+    no_csp.write_text(html.replace(csp, '<meta name="csp-removed" content="'), encoding="utf-8")
 
-    for page, profile in ((report, "p1"), (no_csp, "p2")):
-        dom = Dom(browse(page.as_uri(), tmp_path / profile, "--dump-dom"))
-        assert dom.title == f"repro report: {HOSTILE_NAME}", f"{page.name}: the title changed: {dom.title!r}"
-        names = [tag for tag, _ in dom.tags]
-        for forbidden in ("script", "svg", "pwned-svg", "a", "b", "iframe"):
-            assert forbidden not in names, f"{page.name}: hostile <{forbidden}> became an element"
-        assert names.count("style") == 1 and names.count("meta") == 3
-        for tag, attrs in dom.tags:
-            assert not any(name.startswith("on") or name.startswith("data-") for name in attrs), (tag, attrs)
-            assert not any((value or "").lower().startswith("javascript:") for value in attrs.values()), (tag, attrs)
-            if tag == "img":
-                assert (attrs.get("src") or "").startswith("data:image/png;base64,")
-        text = "".join(dom.text)
-        assert "WIPED" not in text.replace("innerHTML='WIPED'", "")
-        # The hostile output is there, as text a reader can see, with the DSML sentinel in the drill-down.
-        for piece in HOSTILE.splitlines():
-            assert piece in text, f"{page.name}: {piece!r} is not shown as text"
-        assert "the corruption rate" not in text and "CORRUPT: 2 of 5 completed sessions" in text
+    dom = Dom(browse(no_csp.as_uri(), tmp_path / "p1", "--dump-dom"))
+    assert dom.title == f"repro report: {HOSTILE_NAME}", f"the title changed: {dom.title!r}"
+    names = [tag for tag, _ in dom.tags]
+    for forbidden in ("script", "svg", "pwned-svg", "a", "b", "iframe"):
+        assert forbidden not in names, f"hostile <{forbidden}> became an element"
+    assert names.count("style") == 1 and names.count("meta") == 3
+    for tag, attrs in dom.tags:
+        assert not any(name.startswith("on") or name.startswith("data-") for name in attrs), (tag, attrs)
+        assert not any((value or "").lower().startswith("javascript:") for value in attrs.values()), (tag, attrs)
+        if tag == "img":
+            assert (attrs.get("src") or "").startswith("data:image/png;base64,")
+    text = "".join(dom.text)
+    assert "WIPED" not in text.replace("innerHTML='WIPED'", "")
+    # The hostile output is there, as text a reader can see, with the DSML sentinel in the drill-down.
+    for piece in HOSTILE.splitlines():
+        assert piece in text, f"{piece!r} is not shown as text"
+    assert "CORRUPT: 2 of 5 completed sessions" in text
 
     shot = tmp_path / "browser-test.png"
     # Tall enough to hold the whole page down to the open drill-down of the first corrupt session.
-    browse(report.as_uri(), tmp_path / "p3", f"--screenshot={shot}", "--hide-scrollbars", height=2700)
+    browse(report.as_uri(), tmp_path / "p2", f"--screenshot={shot}", "--hide-scrollbars", height=2700)
     assert shot.stat().st_size > 10_000
     humans = Path(__file__).resolve().parents[1] / "reports" / "browser-test.png"
     humans.parent.mkdir(exist_ok=True)

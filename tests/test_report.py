@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -20,6 +19,7 @@ from repro.cli import main
 from repro.gate import evaluate
 from repro.records import FindingRecord, Manifest, RateEstimate, SessionRecord, Summary, TurnRecord
 from repro.report import render_report
+from repro.report.model import build_model
 from repro.store import RunWriter
 
 SENTINEL = "｜DSML｜"
@@ -173,8 +173,7 @@ def test_timeouts_dominate_inconclusive_never_zero_percent(tmp_path: Path) -> No
 
 def test_clean_run_states_the_upper_bound(tmp_path: Path) -> None:
     run = make_run(tmp_path / "ok", name="fixed", clean=60)
-    result = render_report([run], tmp_path / "r.html")
-    assert result.model.runs[0].verdict.headline == (
+    assert build_model([run]).runs[0].verdict.headline == (
         "CLEAN: 0 of 60 completed sessions corrupt; the corruption rate is below 4.9% (95% upper bound)."
     )
 
@@ -240,21 +239,20 @@ def test_large_raw_file_is_truncated_with_its_size_stated(tmp_path: Path) -> Non
     assert f"<mark>{SENTINEL}</mark>tool_calls&gt;" in html
 
 
-def test_cli_report_writes_files_and_the_github_step_summary(tmp_path: Path) -> None:
+def test_cli_report_writes_files_and_the_github_step_summary(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     run = make_run(tmp_path / "r", name="ci", clean=40, corrupt=3)
     summary = tmp_path / "step.md"
     summary.write_text("earlier step\n", encoding="utf-8")
-    done = subprocess.run(
-        [sys.executable, "-c", "from repro.cli import main; main()", "report", str(run),
-         "-o", str(tmp_path / "out.html"), "--junit", str(tmp_path / "j.xml")],
-        capture_output=True, text=True, timeout=120,
-        env={**__import__("os").environ, "GITHUB_STEP_SUMMARY": str(summary)},
-    )
-    assert done.returncode == 0, done.stderr
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    code, out, err = run_main(capsys, "report", str(run), "-o", str(tmp_path / "out.html"),
+                              "--junit", str(tmp_path / "j.xml"))
+    assert code == 0, err
     assert (tmp_path / "out.html").exists() and (tmp_path / "j.xml").exists()
     text = summary.read_text(encoding="utf-8")
     assert text.startswith("earlier step\n") and "CORRUPT: 3 of 43 completed sessions" in text
-    assert str(tmp_path / "out.html") in done.stdout
+    assert f"report: wrote {tmp_path / 'out.html'}" in out
 
 
 def test_cli_report_bad_input_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

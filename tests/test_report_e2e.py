@@ -21,8 +21,8 @@ pytestmark = pytest.mark.slow
 def test_run_then_report_and_gate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run = tmp_path / "run"
     done = subprocess.run(
-        [sys.executable, "-c", "from repro.cli import main; main()", "run", "--sessions", "30",
-         "--concurrency", "30", "--turns", "5", "--out", str(run)],
+        [sys.executable, "-c", "from repro.cli import main; main()", "run", "--sessions", "20",
+         "--concurrency", "20", "--turns", "4", "--out", str(run)],
         capture_output=True, text=True, timeout=240,
     )
     assert done.returncode == 0, done.stderr[-2000:]
