@@ -112,6 +112,26 @@ def test_gate_at_the_end_of_a_run(faulty: str, tmp_path: Path) -> None:
     assert thin.exit_code == 125  # 3 clean sessions cannot show a rate below 5%
 
 
+def test_concurrency_cap_ramp_up_and_live_view(faulty: str, tmp_path: Path) -> None:
+    screen = io.StringIO()
+    options = RunOptions.parse(
+        {"out": tmp_path / "run", "base_url": f"{faulty}/slow:0.02/v1", "sessions": 6, "concurrency": 2, "ramp_up": 0.6}
+    )
+    result = execute_run(options, console=Console(file=screen, force_terminal=True, width=150), live=True)
+    sessions = sorted(load_run(result.path).sessions, key=lambda s: s.session_id)
+    assert [s.outcome for s in sessions] == ["clean"] * 6
+    # Starts are spread over the ramp-up: session i is never started before i * 0.6 / 6 seconds.
+    assert all(s.start_s >= i * 0.1 - 0.01 for i, s in enumerate(sessions))
+    # Never more than two sessions at once.
+    events = sorted([(s.start_s, 1) for s in sessions] + [(s.end_s, -1) for s in sessions])
+    running = peak = 0
+    for _, step in events:
+        running += step
+        peak = max(peak, running)
+    assert peak == 2
+    assert "Sessions" in screen.getvalue()
+
+
 def test_session_budget_gives_timeouts_with_clean_turn_counts(faulty: str, tmp_path: Path) -> None:
     # 5 chunks 0.15 s apart: about 0.75 s a turn, so a 1.9 s budget ends a 4-turn session early.
     result, _ = run(tmp_path / "run", base_url=f"{faulty}/slow:0.15/v1", sessions=3, timeout=1.9)
