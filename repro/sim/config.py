@@ -48,7 +48,7 @@ class SimConfig(BaseModel):
     index_k_dtype: Literal["fp8", "bf16"] = "fp8"
     index_k_gate: bool = False
     """The fix: the index-K read waits for its layer's load-back like the main-KV read does."""
-    time_scale: float = Field(0.25, ge=0)
+    time_scale: float = Field(0.2, ge=0)
     """Real seconds per simulated second (0 runs the clock as fast as the CPU allows)."""
     seed: int = 0
     final_after_turns: int = Field(6, ge=1)

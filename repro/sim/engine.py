@@ -32,9 +32,10 @@ class Costs:
     """The cost model, in simulated seconds and bytes. Values are plausible for one 8-GPU node."""
 
     layers: int = 61
-    prefill_base_s: float = 0.010
+    prefill_base_s: float = 0.040
     prefill_per_token_s: float = 40e-6
-    prefill_per_context_token_s: float = 1.5e-6
+    prefill_attention_s: float = 1e-8
+    """Attention: each new token attends to its whole context, so a prefill also costs extend x context."""
     decode_base_s: float = 0.008
     decode_per_request_s: float = 0.0002
     no_cuda_graph_factor: float = 1.8
@@ -47,7 +48,7 @@ class Costs:
     main_kv_bytes: int = 656
     """Per token and layer: MLA latent + rope, fp8."""
     index_k_bytes_fp8: int = 132
-    link_bytes_per_s: float = 3.2e9
+    link_bytes_per_s: float = 1.8e9
     """Effective host-to-device rate of page-scattered layer copies, far below the PCIe peak."""
     tokens_per_step: int = 8
     """Tokens each running request gains per decode step: streams get chunks of several tokens."""
@@ -296,9 +297,9 @@ class Engine:
 
     def _prefill(self, batch: list[EngineRequest]) -> float:
         costs = self.costs
-        extend = sum(r.prompt_tokens - r.cached_tokens for r in batch)
-        context = sum(r.prompt_tokens for r in batch)
-        forward = costs.prefill_base_s + costs.prefill_per_token_s * extend + costs.prefill_per_context_token_s * context
+        extends = [r.prompt_tokens - r.cached_tokens for r in batch]
+        attention = sum(e * r.prompt_tokens for e, r in zip(extends, batch))
+        forward = costs.prefill_base_s + costs.prefill_per_token_s * sum(extends) + costs.prefill_attention_s * attention
         per_layer = forward / costs.layers
         if self.config.disable_overlap_schedule:
             gap, lead = costs.schedule_gap_s, per_layer * costs.non_overlap_lead
