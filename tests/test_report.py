@@ -286,3 +286,20 @@ def test_gate_stored_by_repro_run_shows_in_html_and_junit(tmp_path: Path) -> Non
     rate = suite.findall("testcase")[2]
     assert rate.find("skipped") is not None
     assert {p.get("name"): p.get("value") for p in rate.iter("property")}["k"] == "2"
+
+
+def test_empty_run_and_tex_like_names_render(tmp_path: Path) -> None:
+    # "$" in a run name or a metric label must not reach matplotlib's mathtext parser (it raises on bad TeX).
+    empty = make_run(tmp_path / "empty", name="empty $\\frac{a")
+    labels = '"{""model"": ""$x^$""}"'
+    odd = make_run(tmp_path / "odd", name="x$^$_", clean=3, corrupt=1,
+                   metrics=f"t_s,metric,labels,value\n1,sglang:num_running_reqs,{labels},3\n2,sglang:num_running_reqs,{labels},4\n")
+    result = render_report([empty, odd], tmp_path / "r.html")
+    assert [run.verdict.headline for run in result.model.runs] == [
+        "INCONCLUSIVE: the run recorded no sessions.",
+        "CORRUPT: 1 of 4 completed sessions (25%, 95% CI 0.6–81%) returned broken tool-call markup.",
+    ]
+    # With an empty reference arm there is nothing to compare: p-values are 1, no difference is claimed.
+    row = result.model.comparisons[0]
+    assert row.result.difference is None and row.p_holm == 1.0
+    assert "Server metrics: x$^$_" in result.html.read_text(encoding="utf-8")
