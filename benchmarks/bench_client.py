@@ -17,7 +17,6 @@ Usage: `python benchmarks/bench_client.py [--levels 250,500,1000,2000,3000] [--q
 from __future__ import annotations
 
 import argparse
-import resource
 import sys
 import time
 from pathlib import Path
@@ -28,6 +27,7 @@ from repro.client import make_client
 from repro.load import run_load
 from repro.procs import ManagedProcess, free_port, start_process, wait_http_ready
 from repro.records import SessionRecord
+from repro.runner import ensure_open_files
 from repro.session import Session, SessionConfig
 from repro.workload import load_workload
 
@@ -122,9 +122,8 @@ def main() -> None:
     parser.add_argument("--ramp-up", type=float, default=5.0)
     parser.add_argument("--quick", action="store_true", help="Small numbers, to check that the script runs.")
     args = parser.parse_args()
-    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     levels = [20, 40] if args.quick else [int(x) for x in args.levels.split(",")]
+    ensure_open_files(max(levels))
     # First calls compile regular expressions and import lazily: keep them out of the figures.
     proc, url = start_server(4, 0.0, final_after=args.turns)
     try:

@@ -20,6 +20,8 @@ from repro.records import Percentiles, RateEstimate, Summary
 
 LIVE_REFRESH_PER_S = 4
 PLAIN_EVERY_S = 5.0
+LAG_WARNING_S = 0.050
+"""Client event-loop lag (p99) above which the final view says the client distorted the timings."""
 
 
 def progress_line(progress: LoadProgress) -> str:
@@ -106,6 +108,12 @@ def final_view(summary: Summary, run_dir: Path) -> Group:
         rates.add_row("timeouts as clean", escape(_rate_text(summary.best_case)))
     if summary.inconclusive:
         rates.add_row("[yellow]inconclusive[/]", escape("; ".join(summary.inconclusive_reasons)))
+    lag = summary.loop_lag
+    if lag is not None and lag.p99 is not None and lag.p99 > LAG_WARNING_S:
+        rates.add_row(
+            "[yellow]client overloaded[/]",
+            f"event-loop lag p99 {1e3 * lag.p99:.0f} ms: latencies include the client's own delay",
+        )
     latency = Table(title="Latency (s)", show_header=True, header_style="bold")
     for column in ("", "n", "p50", "p90", "p99", "max"):
         latency.add_column(column, justify="right")

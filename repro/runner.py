@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import platform
+import resource
 import shlex
 import sys
 from dataclasses import dataclass
@@ -207,6 +208,16 @@ def _run_dir(options: RunOptions, name: str) -> Path:
     return path
 
 
+def ensure_open_files(connections: int) -> None:
+    """Raise the open-file limit to fit `connections` sockets (plus the run's files), or say why not."""
+    wanted = connections + 256
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        if hard != resource.RLIM_INFINITY and hard < wanted:
+            raise UsageError(f"--concurrency {connections} needs {wanted} open files; the hard limit is {hard} (ulimit -Hn)")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+
+
 def _check_out(path: Path) -> None:
     if path.exists() and (not path.is_dir() or any(path.iterdir())):
         raise UsageError(f"--out {path}: exists and is not an empty directory; choose a new path")
@@ -264,6 +275,7 @@ def execute_run(options: RunOptions, *, console: Console | None = None, live: bo
     name = options.name or loaded.workload.name
     run_dir = _run_dir(options, name)
     _check_out(run_dir)
+    ensure_open_files(options.concurrency or options.sessions)
     with contextlib.ExitStack() as stack:
         if options.base_url is None:
             # The directory exists before the simulator starts, so its log lands in it.
