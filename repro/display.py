@@ -24,6 +24,11 @@ LAG_WARNING_S = 0.050
 """Client event-loop lag (p99) above which the final view says the client distorted the timings."""
 
 
+def say(console: Console, text: str) -> None:
+    """One plain line: no markup, no highlighting, not wrapped (log readers grep for whole lines)."""
+    console.print(text, markup=False, highlight=False, soft_wrap=True)
+
+
 def progress_line(progress: LoadProgress) -> str:
     elapsed = progress.elapsed_s
     outcomes = progress.outcomes
@@ -65,7 +70,7 @@ async def show_progress(progress: LoadProgress, console: Console, live: bool) ->
                 view.update(_live_view(progress))
     while True:
         await anyio.sleep(PLAIN_EVERY_S)
-        console.print(progress_line(progress), markup=False, highlight=False)
+        say(console, progress_line(progress))
 
 
 def _pct(value: float | None) -> str:

@@ -19,12 +19,14 @@ from prometheus_client.parser import text_string_to_metric_families
 HEADER = ("elapsed_s", "metric", "labels", "value")
 
 
-def metrics_url(base_url: str) -> str:
-    """`/metrics` at the server root, for an OpenAI base URL that usually ends in /v1."""
+def server_root(base_url: str) -> str:
+    """The server's root URL (where SGLang serves /metrics and /server_info) from an OpenAI base URL."""
     root = base_url.rstrip("/")
-    if root.endswith("/v1"):
-        root = root[: -len("/v1")]
-    return root + "/metrics"
+    return root.removesuffix("/v1")
+
+
+def metrics_url(base_url: str) -> str:
+    return server_root(base_url) + "/metrics"
 
 
 def parse_samples(text: str) -> list[tuple[str, str, float]]:

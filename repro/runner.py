@@ -28,12 +28,13 @@ from rich.console import Console
 
 from repro import __version__
 from repro.client import make_client
-from repro.display import final_view, show_progress
+from repro.display import final_view, say, show_progress
 from repro.errors import EXIT_INTERRUPTED, EXIT_OK, ReproError, TargetError, UsageError, describe_validation_error
 from repro.load import LoadProgress, run_load
-from repro.metrics import MetricsScraper, metrics_url
+from repro.metrics import MetricsScraper, metrics_url, server_root
 from repro.records import Manifest, SessionRecord, Summary
 from repro.session import Session, SessionConfig
+from repro.sim.launch import start_sim
 from repro.store import METRICS, REPORT, RunWriter, slug
 from repro.workload import load_workload
 
@@ -175,7 +176,7 @@ def resolve_target(base_url: str, model: str | None, headers: dict[str, str], *,
             model = listed[0]
         server_info = None
         with contextlib.suppress(httpx.HTTPError, ValueError):
-            info = client.get(metrics_url(base_url).removesuffix("/metrics") + "/server_info")
+            info = client.get(server_root(base_url) + "/server_info")
             if info.status_code == 200 and isinstance(info.json(), dict):
                 server_info = info.json()
     return Target(base_url=base_url, model=model, embedded=embedded, sim_args=sim_args, server_info=server_info)
@@ -183,16 +184,11 @@ def resolve_target(base_url: str, model: str | None, headers: dict[str, str], *,
 
 @contextlib.contextmanager
 def _embedded_sim(options: RunOptions, run_dir: Path, console: Console) -> Iterator[str]:
-    from repro.sim.launch import start_sim
-
     args = [*EMBEDDED_SIM_ARGS, *options.sim_args]
     with start_sim(args, log_path=run_dir / "sim.log") as sim:
-        console.print(
-            f"No --base-url: started the embedded simulator at {sim.base_url} "
-            "(HiCache on, bf16 index-K, no index-K gate" + (f"; {shlex.join(options.sim_args)}" if options.sim_args else "") + ")",
-            markup=False,
-            highlight=False,
-        )
+        extra = f"; {shlex.join(options.sim_args)}" if options.sim_args else ""
+        say(console, f"No --base-url: started the embedded simulator at {sim.base_url} "
+                     f"(HiCache on, bf16 index-K, no index-K gate{extra})")
         yield sim.base_url
 
 
@@ -341,8 +337,8 @@ def _gate(run_dir: Path, summary: Summary, limit: float, writer: RunWriter, cons
     summary = summary.model_copy(update={"gate": result.as_record()})
     writer.write_summary(summary)
     for check in result.checks:
-        console.print(check.line, markup=False, highlight=False)
-    console.print(f"gate: {result.status.upper()} (exit {result.exit_code})", markup=False, highlight=False)
+        say(console, check.line)
+    say(console, f"gate: {result.status.upper()} (exit {result.exit_code})")
     return summary, result.exit_code
 
 
@@ -353,7 +349,7 @@ def _report(run_dir: Path, console: Console) -> None:
     try:
         render_report([run_dir], run_dir / REPORT)
     except ReproError as err:
-        console.print(f"report: not written: {err}", markup=False, highlight=False)
+        say(console, f"report: not written: {err}")
         return
-    console.print(f"Report: {run_dir / REPORT}", markup=False, highlight=False)
+    say(console, f"Report: {run_dir / REPORT}")
 

@@ -9,7 +9,7 @@ import pytest
 
 from repro import sandbox
 from repro.errors import UsageError
-from repro.metrics import metrics_url, parse_samples
+from repro.metrics import metrics_url, parse_samples, server_root
 from repro.records import SessionRecord, TurnRecord
 from repro.runner import RunOptions
 from repro.summary import summarize
@@ -109,6 +109,7 @@ def test_metrics_parsing_and_url() -> None:
     assert ("sglang:num_running_reqs", '{"model_name": "m"}', 3.0) in rows
     assert metrics_url("http://h:1/v1") == "http://h:1/metrics"
     assert metrics_url("http://h:1/") == "http://h:1/metrics"
+    assert server_root("http://h:1/v1/") == "http://h:1"
 
 
 def test_options_validation_names_the_field(tmp_path: Path) -> None:
