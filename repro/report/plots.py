@@ -18,6 +18,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
+from matplotlib.collections import PolyCollection  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
@@ -125,10 +126,15 @@ def timeline_plot(run: RunView) -> Plot | None:
         return None
     height = min(14.0, 1.5 + 0.06 * len(sessions))
     fig, ax = plt.subplots(figsize=(10, height))
-    # One artist per kind, not per session: a 1000-session run draws as fast as a 10-session one.
-    rows = np.arange(len(sessions))
-    ax.barh(rows, [max(s.end_s - s.start_s, 1e-3) for s in sessions], left=[s.start_s for s in sessions],
-            height=0.8, color=[OUTCOME_COLOURS[s.outcome] for s in sessions], linewidth=0)
+    # One collection, not one patch per session (barh): a 1000-session run draws in well under a second.
+    bars = PolyCollection(
+        [[(s.start_s, row - 0.4), (s.end_s, row - 0.4), (s.end_s, row + 0.4), (s.start_s, row + 0.4)]
+         for row, s in enumerate(sessions)],
+        facecolors=[OUTCOME_COLOURS[s.outcome] for s in sessions], edgecolors=[OUTCOME_COLOURS[s.outcome] for s in sessions],
+        linewidths=0.3,
+    )
+    ax.add_collection(bars)
+    ax.autoscale_view()
     ticks = [(t.start_s, row) for row, s in enumerate(sessions) for t in s.turns]
     if ticks:
         xs, ys = zip(*ticks)
