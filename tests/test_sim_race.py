@@ -1,0 +1,94 @@
+"""The HiCache / index-K race, end to end: `repro run`'s sessions against real simulators over HTTP.
+
+The fault log is the ground truth: every logged fault must be a turn dsml_checker flags, and no turn
+it flags may be missing from the log. The flag effects are asserted on counts, never on timing.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+from rich.console import Console
+
+from repro.records import SessionRecord
+from repro.runner import RunOptions, execute_run
+from repro.sim.faults import read_fault_log
+
+FAULTY = ("--enable-hierarchical-cache", "--index-k-dtype", "bf16")
+FAST = ("--time-scale", "0.1")
+"""Half the default real time per simulated second: the same simulated schedule, a faster test."""
+
+
+def _run(base_url: str, out: Path, sessions: int) -> list[SessionRecord]:
+    options = RunOptions(base_url=base_url, sessions=sessions, out=out, timeout=600, turn_timeout=300)
+    execute_run(options, console=Console(quiet=True), live=False)
+    with open(out / "sessions.jsonl", encoding="utf-8") as fh:
+        return [SessionRecord.model_validate_json(line) for line in fh]
+
+
+def _counter(url: str, name: str) -> float:
+    families = {f.name: f for f in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=10).text)}
+    return next(s.value for s in families[name].samples if s.name.endswith("_total"))
+
+
+def _flagged(records: list[SessionRecord]) -> set[str]:
+    return {t.request_id for r in records for t in r.turns if t.verdict == "corrupt" and t.request_id}
+
+
+def test_bf16_hicache_at_60_sessions_corrupts_and_fault_log_matches_verdicts(sim_server, tmp_path: Path) -> None:
+    log = tmp_path / "faults.jsonl"
+    sim = sim_server(*FAULTY, *FAST, "--fault-log", str(log))
+    records = _run(sim.base_url, tmp_path / "run", 60)
+    faults = read_fault_log(log)
+    assert {r.outcome for r in records} <= {"clean", "corrupt"}
+    # One for one: every injected fault is a turn the checker calls corrupt, and nothing else is.
+    assert {f.request_id for f in faults} == _flagged(records)
+    assert all(f.read_time_s < f.copy_done_s and 0 <= f.layer for f in faults)
+    assert all(f.load_back_tokens > 0 for f in faults)
+    corrupt_sessions = sum(r.outcome == "corrupt" for r in records)
+    # The seeds saw 12-18%; the calibration aims at 10-20% and this band leaves room for scheduling noise.
+    assert 3 <= corrupt_sessions <= 20
+    # Faults group by conversation: the task's session identity.
+    assert len({f.conversation for f in faults}) == corrupt_sessions
+    assert httpx.get(f"{sim.url}/debug/faults", timeout=10).json()["faults"] == [json.loads(line) for line in log.read_text().splitlines()]
+    assert _counter(sim.url, "sglang:load_back_tokens") > 0
+
+
+def test_fp8_index_k_at_60_sessions_essentially_never_corrupts(sim_server, tmp_path: Path) -> None:
+    sim = sim_server("--enable-hierarchical-cache", "--index-k-dtype", "fp8", *FAST)
+    records = _run(sim.base_url, tmp_path / "run", 60)
+    # Half the index-K bytes halve the copy window: only the far tail of load-back size could still race.
+    assert sum(r.outcome == "corrupt" for r in records) <= 1
+    assert {r.outcome for r in records} <= {"clean", "corrupt"}
+    # The load-backs happened: the absence of corruption is the dtype's doing, not a lack of load.
+    assert _counter(sim.url, "sglang:load_back_tokens") > 0
+
+
+def test_index_k_gate_at_60_sessions_never_corrupts(sim_server, tmp_path: Path) -> None:
+    sim = sim_server(*FAULTY, "--index-k-gate", *FAST)
+    records = _run(sim.base_url, tmp_path / "run", 60)
+    assert [r.outcome for r in records] == ["clean"] * 60
+    assert httpx.get(f"{sim.url}/debug/faults", timeout=10).json()["faults"] == []
+    assert _counter(sim.url, "sglang:load_back_tokens") > 0
+
+
+def test_hicache_off_has_no_load_back_and_recomputes_more(sim_server, tmp_path: Path) -> None:
+    sim = sim_server("--index-k-dtype", "bf16", *FAST)
+    records = _run(sim.base_url, tmp_path / "run", 60)
+    assert all(r.outcome == "clean" for r in records)
+    assert _counter(sim.url, "sglang:load_back_tokens") == 0
+    assert _counter(sim.url, "sglang:evicted_tokens") > 0
+    hit_off = _counter(sim.url, "sglang:cached_tokens") / _counter(sim.url, "sglang:prompt_tokens")
+    # With HiCache the same evictions land in host memory and come back as cache hits.
+    assert hit_off < 0.6
+
+
+def test_one_session_alone_never_loads_back(sim_server, tmp_path: Path) -> None:
+    sim = sim_server(*FAULTY)
+    records = _run(sim.base_url, tmp_path / "run", 1)
+    assert records[0].outcome == "clean" and len(records[0].turns) >= 3
+    assert _counter(sim.url, "sglang:load_back_tokens") == 0
+    assert httpx.get(f"{sim.url}/debug/faults", timeout=10).json()["faults"] == []
