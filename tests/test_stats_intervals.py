@@ -49,7 +49,7 @@ def test_no_observations_gives_the_whole_unit_interval() -> None:
     assert upper_bound(0, 0) == 1.0
 
 
-@pytest.mark.parametrize(("k", "n", "confidence"), [(-1, 5, 0.95), (6, 5, 0.95), (1, -1, 0.95), (1, 5, 1.0), (1, 5, 0.0)])
+@pytest.mark.parametrize(("k", "n", "confidence"), [(-1, 5, 0.95), (6, 5, 0.95), (1, -1, 0.95), (1, 5, 1.0), (1, 5, 0.0), (1.5, 5, 0.95)])
 def test_bad_counts_are_usage_errors(k: int, n: int, confidence: float) -> None:
     with pytest.raises(UsageError):
         clopper_pearson(k, n, confidence)

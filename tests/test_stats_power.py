@@ -92,6 +92,7 @@ def test_power_grows_with_the_difference() -> None:
         ({"p1": 0.2, "p2": 0.1, "n1": 0, "n2": 5}, "n1=0"),
         ({"p1": 0.2, "p2": 0.1, "n1": 5, "n2": 5, "test": "barnard"}, "test"),
         ({"p1": 0.2, "p2": 0.1, "n1": 5, "n2": 5, "alpha": 0}, "alpha"),
+        ({"p1": 0.2, "p2": 0.1, "n1": 1001, "n2": 5}, "1000 sessions per arm"),
     ],
 )
 def test_power_rejects_bad_designs(kwargs: dict, match: str) -> None:

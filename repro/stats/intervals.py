@@ -22,6 +22,8 @@ class Interval:
 
 def check_counts(k: int, n: int, *, what: str = "k") -> None:
     """Reject counts that cannot describe k successes in n trials, naming the bad argument."""
+    if int(k) != k or int(n) != n:
+        raise UsageError(f"counts must be whole numbers, got {what}={k}, n={n}")
     if n < 0:
         raise UsageError(f"n must be at least 0, got {n}")
     if not 0 <= k <= n:

@@ -27,6 +27,9 @@ from repro.stats.twosample import Alternative, arm_table, check_alternative
 Test = Literal["boschloo", "fisher"]
 TESTS: tuple[str, ...] = ("boschloo", "fisher")
 DEFAULT_TOLERANCE = 1e-6
+# Largest design enumerated: 1000 sessions per arm. Cost grows fast with n: Boschloo power takes
+# ~0.3 s at 60 per arm, ~5 s at 150, ~25 s at 300, ~70 s at 500 (scipy's per-table maximisation).
+MAX_PER_ARM = 1000
 # scipy's own guard against rounding when it collects the tables at least as extreme as observed.
 _SCIPY_TIE = 1 + 1e-13
 _NUISANCE_GRID = np.unique(np.concatenate([np.geomspace(1e-4, 0.5, 60), 1 - np.geomspace(1e-4, 0.5, 60)]))
@@ -53,13 +56,13 @@ def _one_sided_bounds(n1: int, n2: int, side: str) -> tuple[np.ndarray, np.ndarr
         fisher = sps.hypergeom.cdf(x2, n1 + n2, total, n2)
     flat = fisher.ravel()
     order = np.argsort(flat, kind="stable")
-    ordered = flat[order]
-    # Null probability of each table at every grid rate, accumulated in order of the statistic.
-    b1 = sps.binom.pmf(np.arange(n1 + 1)[None, :], n1, _NUISANCE_GRID[:, None])
-    b2 = sps.binom.pmf(np.arange(n2 + 1)[None, :], n2, _NUISANCE_GRID[:, None])
-    joint = (b1[:, :, None] * b2[:, None, :]).reshape(len(_NUISANCE_GRID), -1)[:, order]
-    best = np.cumsum(joint, axis=1).max(axis=0)
-    extreme = np.searchsorted(ordered, flat * _SCIPY_TIE, side="right") - 1
+    # Null probability of the tables at least as extreme, at each grid rate (one rate at a time to
+    # keep memory at one table grid), maximised over the grid.
+    best = np.zeros(flat.size)
+    for rate in _NUISANCE_GRID:
+        joint = np.outer(sps.binom.pmf(np.arange(n1 + 1), n1, rate), sps.binom.pmf(np.arange(n2 + 1), n2, rate))
+        np.maximum(best, np.cumsum(joint.ravel()[order]), out=best)
+    extreme = np.searchsorted(flat[order], flat * _SCIPY_TIE, side="right") - 1
     return fisher, best[extreme].reshape(fisher.shape)
 
 
@@ -115,6 +118,8 @@ def power_two_proportions(
     _check_design(p1, p2, alpha, test, alternative)
     if n1 < 1 or n2 < 1:
         raise UsageError(f"both arms need at least one session, got n1={n1}, n2={n2}")
+    if max(n1, n2) > MAX_PER_ARM:
+        raise UsageError(f"exact enumeration is limited to {MAX_PER_ARM} sessions per arm, got n1={n1}, n2={n2}")
     if not 0.0 < tolerance < 0.01:
         raise UsageError(f"tolerance must be between 0 and 0.01, got {tolerance}")
     power = 0.0
@@ -148,7 +153,7 @@ def sample_size_two_proportions(
     alpha: float = 0.05,
     test: Test = "boschloo",
     alternative: Alternative = "two-sided",
-    max_n: int = 2000,
+    max_n: int = MAX_PER_ARM,
 ) -> int:
     """Sessions per arm needed for the exact test to detect p1 vs p2 with the given power.
 
@@ -158,6 +163,8 @@ def sample_size_two_proportions(
     """
     _check_design(p1, p2, alpha, test, alternative)
     check_level(power, name="power")
+    if not 1 <= max_n <= MAX_PER_ARM:
+        raise UsageError(f"max_n must be between 1 and {MAX_PER_ARM}, got {max_n}")
     if p1 == p2:
         raise UsageError(f"p1 and p2 are both {p1}: there is no difference to detect")
 
