@@ -7,6 +7,7 @@ import contextlib
 import json
 import secrets
 import sys
+import traceback
 from dataclasses import asdict
 from typing import Any, AsyncIterator, Callable
 
@@ -117,6 +118,7 @@ def create_app(config: SimConfig) -> Starlette:
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         loop = asyncio.get_running_loop()
         task = loop.create_task(sim.engine.run())
+        task.add_done_callback(_engine_stopped)
         sim.ready_at = loop.time() + config.warmup
         print(READY_BANNER, flush=True)
         try:
@@ -126,6 +128,12 @@ def create_app(config: SimConfig) -> Starlette:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
             sim.faults.close()
+
+    def _engine_stopped(task: asyncio.Task[None]) -> None:
+        # A dead engine would leave every request hanging: say why in the log and turn /health red.
+        if not task.cancelled() and task.exception() is not None:
+            traceback.print_exception(task.exception(), file=sys.stderr)
+            sim.ready_at = float("inf")
 
     async def health(request: Request) -> Response:
         ready = asyncio.get_running_loop().time() >= sim.ready_at
@@ -253,5 +261,6 @@ def _sse(chunk: dict[str, Any]) -> str:
 
 def serve(config: SimConfig) -> None:
     """Run the simulator until SIGINT or SIGTERM."""
-    uvicorn.run(create_app(config), host=config.host, port=config.port, log_level="warning", access_log=False)
-    sys.stdout.flush()
+    # A long keep-alive: the client's pooled connections must not be closed under it between turns.
+    uvicorn.run(create_app(config), host=config.host, port=config.port, log_level="warning", access_log=False,
+                timeout_keep_alive=120)
