@@ -7,8 +7,9 @@ Knows nothing of sessions. Never raises on bad server output: refused or reset c
 
 from __future__ import annotations
 
+import functools
+import itertools
 import json
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable
@@ -21,8 +22,6 @@ from repro.records import TurnStatus
 
 _CONNECT_EVENT = "connection.connect_tcp.started"
 _SENT_EVENT = "http11.send_request_headers.started"
-SHARD_CONNECTIONS = 8
-"""Connections per pool shard; see `make_client`."""
 _SSE_FIELDS = (b"data", b"event", b"id", b"retry")
 
 
@@ -47,33 +46,33 @@ class _ReleasingStream(httpx.AsyncByteStream):
 
 
 class ShardedTransport(httpx.AsyncBaseTransport):
-    """Requests spread over several small connection pools, the least busy first.
+    """One single-connection pool per connection; a request takes the most recently idle one.
 
-    httpcore's pool rescans every connection (with a poll() per idle socket) on each request and
-    release, quadratic in the pool size: at 60 connections it cost more client CPU than the whole
-    rest of a run. Small shards keep that cost flat. Each shard holds ceil(C/k) connections and a
-    request goes to the shard with the fewest requests in flight, so while at most C requests are in
-    flight no shard has to queue one.
+    httpcore's pool rescans all its connections (a poll() and a socket-info lookup for each) on
+    every request and release, quadratic in the pool size: at 60 connections that cost more client
+    CPU than the whole rest of a run. Pools of one connection make each lookup constant. While no
+    more than `connections` requests are in flight every request finds an idle pool at once; beyond
+    that (never in `repro run`, where sessions ≤ connections) extra requests queue round-robin.
     """
 
-    def __init__(self, connections: int, shard_connections: int = SHARD_CONNECTIONS) -> None:
-        count = max(1, math.ceil(connections / shard_connections))
-        per_shard = math.ceil(connections / count)
-        limits = httpx.Limits(max_connections=per_shard, max_keepalive_connections=per_shard)
-        # One TLS context for all shards: building one costs ~0.1 s of CPU.
+    def __init__(self, connections: int) -> None:
+        limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
+        # One TLS context for all pools: building one costs ~0.1 s of CPU.
         tls = httpx.create_ssl_context()
-        self.shards = [httpx.AsyncHTTPTransport(verify=tls, limits=limits) for _ in range(count)]
-        self.busy = [0] * count
+        self.pools = [httpx.AsyncHTTPTransport(verify=tls, limits=limits) for _ in range(max(1, connections))]
+        self.idle = list(reversed(range(len(self.pools))))
+        """A stack: the connection used last is reused first, while its keep-alive is fresh."""
+        self.overflow = itertools.count()
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        index = min(range(len(self.shards)), key=self.busy.__getitem__)
-        self.busy[index] += 1
-
-        def release() -> None:
-            self.busy[index] -= 1
-
+        if self.idle:
+            index = self.idle.pop()
+            release: Callable[[], None] = functools.partial(self.idle.append, index)
+        else:
+            index = next(self.overflow) % len(self.pools)
+            release = _nothing
         try:
-            response = await self.shards[index].handle_async_request(request)
+            response = await self.pools[index].handle_async_request(request)
         except BaseException:
             release()
             raise
@@ -86,8 +85,12 @@ class ShardedTransport(httpx.AsyncBaseTransport):
         )
 
     async def aclose(self) -> None:
-        for shard in self.shards:
-            await shard.aclose()
+        for pool in self.pools:
+            await pool.aclose()
+
+
+def _nothing() -> None:
+    return None
 
 
 def make_client(concurrency: int, *, headers: dict[str, str] | None = None) -> httpx.AsyncClient:
