@@ -5,7 +5,8 @@ are taken from most to least likely until all but `tolerance` (1e-6) of the prob
 the power returned is a lower bound within `tolerance` of the exact value.
 
 Boschloo's p-value needs a numerical maximisation per table (scipy, ~40 ms), so each table is first
-decided by two cheap certain bounds, calling scipy only in between: the p-value never exceeds Fisher's
+decided by two cheap certain bounds, calling scipy only in between (Fisher's tests skip, the same
+way, the tables whose smaller one-sided p-value already exceeds alpha): the p-value never exceeds Fisher's
 one-sided p-value (Fisher's test is valid conditionally, so its size at any nuisance rate is at most its
 level), and never falls below the tail probability at any single nuisance rate (it is the maximum over
 them), which is evaluated on a fixed grid for all tables at once.
@@ -44,16 +45,19 @@ def _p_value(test: str, k1: int, n1: int, k2: int, n2: int, alternative: str) ->
 
 
 @lru_cache(maxsize=32)
-def _one_sided_bounds(n1: int, n2: int, side: str) -> tuple[np.ndarray, np.ndarray]:
-    """Fisher's one-sided p for every table (an upper bound of Boschloo's) and a lower bound of Boschloo's."""
+def _fisher_one_sided(n1: int, n2: int, side: str) -> np.ndarray:
+    """Fisher's one-sided p-value of every table, computed as scipy's boschloo_exact does."""
     x1 = np.arange(n1 + 1)[:, None]
     x2 = np.arange(n2 + 1)[None, :]
-    total = x1 + x2
-    # The same statistic scipy's boschloo_exact uses, computed the same way.
     if side == "less":
-        fisher = sps.hypergeom.cdf(x1, n1 + n2, total, n1)
-    else:
-        fisher = sps.hypergeom.cdf(x2, n1 + n2, total, n2)
+        return sps.hypergeom.cdf(x1, n1 + n2, x1 + x2, n1)
+    return sps.hypergeom.cdf(x2, n1 + n2, x1 + x2, n2)
+
+
+@lru_cache(maxsize=32)
+def _boschloo_floor(n1: int, n2: int, side: str) -> np.ndarray:
+    """A lower bound of Boschloo's one-sided p-value of every table: its tail probability on a grid of rates."""
+    fisher = _fisher_one_sided(n1, n2, side)
     flat = fisher.ravel()
     order = np.argsort(flat, kind="stable")
     # Null probability of the tables at least as extreme, at each grid rate (one rate at a time to
@@ -63,20 +67,29 @@ def _one_sided_bounds(n1: int, n2: int, side: str) -> tuple[np.ndarray, np.ndarr
         joint = np.outer(sps.binom.pmf(np.arange(n1 + 1), n1, rate), sps.binom.pmf(np.arange(n2 + 1), n2, rate))
         np.maximum(best, np.cumsum(joint.ravel()[order]), out=best)
     extreme = np.searchsorted(flat[order], flat * _SCIPY_TIE, side="right") - 1
-    return fisher, best[extreme].reshape(fisher.shape)
+    return best[extreme].reshape(fisher.shape)
 
 
 def _boschloo_rejects(k1: int, n1: int, k2: int, n2: int, alternative: str, alpha: float) -> bool:
     sides = ("less", "greater") if alternative == "two-sided" else (alternative,)
     factor = 2.0 if alternative == "two-sided" else 1.0
-    high = factor * min(_one_sided_bounds(n1, n2, s)[0][k1, k2] for s in sides)
-    low = factor * min(_one_sided_bounds(n1, n2, s)[1][k1, k2] for s in sides)
+    high = factor * min(_fisher_one_sided(n1, n2, s)[k1, k2] for s in sides)
+    low = factor * min(_boschloo_floor(n1, n2, s)[k1, k2] for s in sides)
     # Margins keep rounding in the bounds from deciding a table scipy would decide the other way.
     if high <= alpha * (1 - 1e-9):
         return True
     if low > alpha * (1 + 1e-9):
         return False
     return _p_value("boschloo", k1, n1, k2, n2, alternative) <= alpha
+
+
+def _fisher_rejects(k1: int, n1: int, k2: int, n2: int, alternative: str, alpha: float) -> bool:
+    sides = ("less", "greater") if alternative == "two-sided" else (alternative,)
+    # Two-sided, the hypergeometric is unimodal, so the tables no likelier than the observed one
+    # include its whole tail away from the mode: the p-value is at least the smaller one-sided p.
+    if min(_fisher_one_sided(n1, n2, s)[k1, k2] for s in sides) > alpha * (1 + 1e-9):
+        return False
+    return _p_value("fisher", k1, n1, k2, n2, alternative) <= alpha
 
 
 def _check_design(p1: float, p2: float, alpha: float, test: str, alternative: str) -> None:
@@ -125,11 +138,8 @@ def power_two_proportions(
     power = 0.0
     for k1, k2, prob in zip(*_likely_outcomes(p1, n1, p2, n2, tolerance)):
         k1, k2 = int(k1), int(k2)
-        if test == "fisher":
-            rejects = _p_value("fisher", k1, n1, k2, n2, alternative) <= alpha
-        else:
-            rejects = _boschloo_rejects(k1, n1, k2, n2, alternative, alpha)
-        if rejects:
+        decide = _fisher_rejects if test == "fisher" else _boschloo_rejects
+        if decide(k1, n1, k2, n2, alternative, alpha):
             power += float(prob)
     return min(power, 1.0)
 
