@@ -18,9 +18,11 @@ from typing import IO, Any, Iterator
 from dsml_checker.check import check
 
 # Model text is untrusted: C1 controls, bidi overrides and line separators survive ensure_ascii=False and
-# could drive or reorder a terminal, so they are written as JSON \\u escapes (still the same JSON string).
+# could drive or reorder a terminal, and lone surrogates cannot be encoded at all, so all of them are written
+# as JSON \\u escapes (still the same JSON string).
 _TERMINAL_UNSAFE = {
-    c: f"\\u{c:04x}" for c in [*range(0x80, 0xA0), *range(0x202A, 0x202F), *range(0x2066, 0x206A), 0x2028, 0x2029]
+    c: f"\\u{c:04x}"
+    for c in [*range(0x80, 0xA0), *range(0x202A, 0x202F), *range(0x2066, 0x206A), 0x2028, 0x2029, *range(0xD800, 0xE000)]
 }
 
 EXIT_CLEAN = 0

@@ -16,6 +16,7 @@ _SHIFTS = (24, 35)  # together their divisors cover every loop unit of 1 to 8 by
 _MIN_ZEROS = 24
 _MAX_UNIT = 8
 _ZEROS = b"\0" * _MIN_ZEROS
+_NONZERO_RE = re.compile(rb"[^\0]")
 _FILLER = frozenset(" \t\r\n-=_*#~.:|+/\\")  # whitespace and Markdown rulers repeat legitimately
 _SEPARATOR = b"\xff"  # never valid UTF-8, so no loop runs across two fields
 _PLAIN = bytes(range(0x20, 0x7F)) + b"\t\n\r"
@@ -43,7 +44,8 @@ def _loop_regions(raw: bytes) -> Iterator[tuple[int, int]]:
         diff = (whole ^ (whole >> (8 * shift))).to_bytes(n, "big")
         at = diff.find(_ZEROS, shift)
         while at >= 0:
-            end = n - len(diff[at + _MIN_ZEROS :].lstrip(b"\0"))
+            nonzero = _NONZERO_RE.search(diff, at + _MIN_ZEROS)
+            end = n if nonzero is None else nonzero.start()
             region = raw[at - shift : end]
             unit = next((u for u in range(1, _MAX_UNIT + 1) if region[u:] == region[:-u]), 0)
             if unit and not set(region[:unit].decode("utf-8", "replace")) <= _FILLER:

@@ -6,6 +6,8 @@ must keep up with a load run (tens of thousands of verdicts per second).
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import json
 import re
 from dataclasses import dataclass
@@ -36,10 +38,12 @@ _XML_TOOLS_RE = re.compile(r"</?function_calls>|<invoke\s+name\s*=|</invoke>|<fu
 _INVOKE_ATTRS_RE = re.compile(r'\s+name="[^"“”]*"\s*/?')
 _PARAM_ATTRS_RE = re.compile(r'\s+name="[^"“”]*"\s+string="(?:true|false)"\s*')
 _PARAM_NAME_RE = re.compile(r'name="([^"]*)"')
+_BACKTICKS_RE = re.compile(r"`+")
 
 _DUP_MIN = 40
 _DUP_LINE_MIN = 16
 _DUP_TRIES = 4
+_DUP_MAX_LINES = 64  # each candidate costs a scan of the text: bound the work on huge, repetitive inputs
 
 MARKUP_RULES = frozenset(
     {"sentinel", "sentinel-variant", "wrapper-tag", "bare-invoke", "orphan-closer", "truncated-tag",
@@ -56,23 +60,23 @@ class TextScan:
 
 
 def _code_spans(text: str) -> list[tuple[int, int]]:
-    """Markdown inline code spans: a run of backticks closed by a run of the same length."""
+    """Markdown inline code spans: a run of backticks closed by the next run of the same length."""
+    runs = [(m.start(), m.end() - m.start()) for m in _BACKTICKS_RE.finditer(text)]
+    by_length: dict[int, list[int]] = {}
+    for i, (_, length) in enumerate(runs):
+        by_length.setdefault(length, []).append(i)
     spans = []
-    n = len(text)
-    i = text.find("`")
-    while i >= 0:
-        j = i
-        while j < n and text[j] == "`":
-            j += 1
-        fence = text[i:j]
-        k = text.find(fence, j)
-        while k >= 0 and (k + len(fence) < n and text[k + len(fence)] == "`"):
-            k = text.find(fence, len(text) - len(text[k:].lstrip("`")))
-        if k < 0:
-            i = text.find("`", j)  # an unmatched run is literal text
+    i = 0
+    while i < len(runs):
+        start, length = runs[i]
+        same = by_length[length]
+        nxt = bisect.bisect_right(same, i)
+        if nxt == len(same):
+            i += 1  # an unmatched run is literal text
             continue
-        spans.append((i, k + len(fence)))
-        i = text.find("`", k + len(fence))
+        close = same[nxt]
+        spans.append((start, runs[close][0] + length))
+        i = close + 1
     return spans
 
 
@@ -116,12 +120,18 @@ class _Collector:
         self.field = field
         self.findings: list[Finding] = []
         self.seen: set[str] = set()
-        self._regions: list[tuple[int, int]] | None = None
+        self._starts: list[int] | None = None
+        self._reach: list[int] = []
 
     def quoted(self, start: int, end: int) -> bool:
-        if self._regions is None:
-            self._regions = _quoted_regions(self.text)
-        return any(lo <= start and end <= hi for lo, hi in self._regions)
+        if self._starts is None:
+            regions = sorted(_quoted_regions(self.text))
+            self._starts = [lo for lo, _ in regions]
+            # Reach of the regions opened so far: [start, end) is quoted iff some region opened at or before
+            # `start` reaches `end`.
+            self._reach = list(itertools.accumulate((hi for _, hi in regions), max))
+        i = bisect.bisect_right(self._starts, start)
+        return i > 0 and self._reach[i - 1] >= end
 
     def add(self, rule: str, start: int, end: int, *, quotable: bool = True) -> bool:
         """Record `rule` at [start, end) unless already recorded; True when it counts (not quoted)."""
@@ -205,11 +215,16 @@ def _scan_tags(text: str, out: _Collector) -> None:
             out.add("attr-damage", m.start(), close + 1)
 
 
+def _short_period(text: str) -> bool:
+    """True when `text` is a unit of at most 8 characters repeated: a loop (soft), not duplicated output."""
+    return any(text[u:] == text[:-u] for u in range(1, 9))
+
+
 def _duplicated(text: str) -> tuple[int, int] | None:
     """Span of a back-to-back repeat of 40+ characters: a re-sent buffer, or a repeated block of lines."""
     head = text[:_DUP_MIN]
     again = text.find(head, _DUP_MIN)
-    if again >= 0:
+    if again >= 0 and not _short_period(head):
         first = text[:again]
         if text.startswith(first, again) or first.startswith(text[again:]):
             return 0, min(len(text), 2 * again)
@@ -224,14 +239,14 @@ def _duplicated(text: str) -> tuple[int, int] | None:
         if line in seen:
             repeated[line] = None
         seen.add(line)
-    for line in repeated:
+    for line in itertools.islice(repeated, _DUP_MAX_LINES):
         # A block whose first line is `line` repeats iff the text between two occurrences recurs right after.
         at = text.find(line)
         for _ in range(_DUP_TRIES):
             nxt = text.find(line, at + len(line))
             if nxt < 0:
                 break
-            if nxt - at >= _DUP_MIN and text.startswith(text[at:nxt], nxt):
+            if nxt - at >= _DUP_MIN and text.startswith(text[at:nxt], nxt) and not _short_period(line):
                 return at, 2 * nxt - at
             at = nxt
     return None

@@ -99,7 +99,8 @@ CASES: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {
     "duplicated-output": (
         [text("The weather in Paris is sunny and warm today. " * 2), text("Intro\n" + "line one of the answer, long enough\nline two\n" * 2),
          text("A growing buffer re-sent by an old build. " + "A growing buffer re-sent by an old build. And more.")],
-        [text("Short. Short."), text("The weather in Paris is sunny. The weather in Rome is cloudy and cold today.")],
+        [text("Short. Short."), text("The weather in Paris is sunny. The weather in Rome is cloudy and cold today."),
+         text("0" * 200), text("ab" * 100), text("a header line here\nbody one\na header line here\nbody two, different\n")],
     ),
     "message-shape": ([{"message": "not an object"}, {"message": None}], [text("hi")]),
     "tool-call-shape": (
@@ -294,3 +295,20 @@ def test_odd_message_shapes_are_judged_not_raised(message: dict[str, Any]) -> No
 def test_text_parts_content_is_checked() -> None:
     verdict = check({"content": [{"type": "text", "text": "x <｜DSML｜invoke name=\"a\">"}]})
     assert "sentinel" in verdict.rules
+
+
+@pytest.mark.parametrize(
+    ("content", "label"),
+    [
+        (" ".join("`" * i for i in range(1, 400)) + " <｜DSML｜invoke", "corrupt"),
+        ("".join(f"`<｜DSML｜invoke>` item {i}, " for i in range(5000)), "clean"),
+        ("0" * 300_000, "suspect"),
+        ('<｜DSML｜invoke name="x">\n' * 5000, "corrupt"),
+        ("```\n" * 50_000, "suspect"),
+        ("".join(f"line number {i} of the log\nfiller {i}\nline number {i} of the log\n" for i in range(5000)), "clean"),
+    ],
+    ids=["backtick-runs", "many-quoted", "zeros", "many-invokes", "many-fences", "repeated-lines"],
+)
+def test_large_adversarial_inputs_are_judged(content: str, label: str) -> None:
+    """Huge, repetitive model output must still get a verdict (the scans are near-linear, not quadratic)."""
+    assert check({"content": content}, finish_reason="stop").label == label
