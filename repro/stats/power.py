@@ -5,11 +5,11 @@ are taken from most to least likely until all but `tolerance` (1e-6) of the prob
 the power returned is a lower bound within `tolerance` of the exact value.
 
 Boschloo's p-value needs a numerical maximisation per table (scipy, ~40 ms), so each table is first
-decided by two cheap certain bounds, calling scipy only in between (Fisher's tests skip, the same
-way, the tables whose smaller one-sided p-value already exceeds alpha): the p-value never exceeds Fisher's
-one-sided p-value (Fisher's test is valid conditionally, so its size at any nuisance rate is at most its
-level), and never falls below the tail probability at any single nuisance rate (it is the maximum over
-them), which is evaluated on a fixed grid for all tables at once.
+decided by two cheap certain bounds, calling scipy only in between: the p-value never exceeds Fisher's
+one-sided p-value (Fisher's test is valid conditionally, so its size at any nuisance rate is at most
+its level), and never falls below the tail probability at any single nuisance rate (it is the maximum
+over them), evaluated on a fixed grid for all tables at once. Fisher's two-sided p-value likewise
+never falls below the smaller one-sided one, so tables beyond that bound skip scipy too.
 """
 
 from __future__ import annotations
