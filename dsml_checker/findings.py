@@ -34,7 +34,7 @@ RULES: dict[str, Rule] = {
     "tool-call-shape": Rule("hard", "a tool_calls entry is not an object with a function object"),
     "bad-tool-name": Rule("hard", "a tool-call name is empty or contains quotes, angle brackets or whitespace"),
     "unknown-tool": Rule("hard", "a tool-call name is not among the request's tools"),
-    "args-dsml": Rule("hard", "tool-call arguments contain DSML markup"),
+    "args-dsml": Rule("hard", "tool-call arguments contain DSML markup or DeepSeek special tokens"),
     "args-not-object": Rule("hard", "tool-call arguments are not a JSON object"),
     "ghost-call": Rule("hard", "tool-call arguments are empty although the tool's schema requires properties"),
     "args-schema": Rule("hard", "tool-call arguments violate the tool's JSON schema"),

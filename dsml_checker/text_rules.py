@@ -308,13 +308,23 @@ def _unescaped(text: str) -> str:
         return text
 
 
-def scan_arguments(text: str, field: str) -> list[Finding]:
-    """Rules for a raw `arguments` string: DSML fragments inside it."""
-    out = _Collector(text, field)
+def _markup_in_arguments(text: str) -> re.Match[str] | None:
     if "dsml" in text.lower():
         m = SENTINEL_ANY_RE.search(text)
+        if m is not None:
+            return m
+    if "<" in text:
+        return _V3_RE.search(text) or _CONTROL_TOKEN_RE.search(text)
+    return None
+
+
+def scan_arguments(text: str, field: str) -> list[Finding]:
+    """Rules for a raw `arguments` string: DSML or special-token markup inside it, even \\u-escaped."""
+    out = _Collector(text, field)
+    if "|" in text or "｜" in text or "‖" in text or "\\u" in text:
+        m = _markup_in_arguments(text)
         if m is None and "\\u" in text:
-            m = SENTINEL_ANY_RE.search(_unescaped(text))
+            m = _markup_in_arguments(_unescaped(text))
         if m is not None:
             out.add("args-dsml", m.start(), m.end(), quotable=False)
     return out.findings

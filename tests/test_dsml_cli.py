@@ -134,3 +134,11 @@ def test_a_closed_pipe_ends_quietly() -> None:
     assert json.loads(first)["label"] == "clean"
     assert writer.returncode == 0
     assert b"Traceback" not in writer.stderr
+
+
+def test_lone_surrogates_in_model_text_do_not_break_the_output() -> None:
+    done = dsml_check("-", stdin='{"message": {"content": "\\ud800 then <｜DSML｜invoke name=\\"f\\">"}}\n')
+    assert done.returncode == 1, done.stderr
+    (verdict,) = lines(done)
+    assert verdict["label"] == "corrupt"
+    assert "\\ud800" in done.stdout.decode()
