@@ -130,6 +130,22 @@ def run_command(
     raise typer.Exit(result.exit_code)
 
 
+@app.command("matrix")
+def matrix_command(
+    spec: Path = typer.Argument(..., help="Matrix spec (YAML), e.g. matrices/sim_hicache_bf16.yaml."),
+    out: Path | None = typer.Option(None, "--out", help="Matrix directory [reports/<timestamp>-matrix-<name>/]."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the matrix in --out: keep finished runs, rerun the rest."),
+    keep_going: bool = typer.Option(False, "--keep-going", help="Go on after a cell fails to start or confirm (exit 3 at the end)."),
+    var: list[str] = typer.Option([], "--var", help="Set a spec variable, NAME=VALUE (repeatable)."),
+) -> None:
+    """Restart the deployment for every feature combination, run the same load on each, and name the cause."""
+    from repro.matrix.runner import run_matrix
+    from repro.matrix.spec import parse_assignments
+
+    result = run_matrix(spec, out=out, resume=resume, keep_going=keep_going, variables=parse_assignments(var))
+    raise typer.Exit(result.exit_code)
+
+
 @sim_app.command(
     "serve",
     context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []},

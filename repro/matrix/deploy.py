@@ -8,7 +8,9 @@ through `/server_info` that the cell runs the configuration the spec asked for.
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import signal
 import sys
 import time
 import zlib
@@ -266,7 +268,7 @@ class CellDeployment:
     def _record(self, name: str, proc: ManagedProcess) -> None:
         # Written before waiting on anything, so a post-mortem (or a test) can find every group we own.
         self._procs.append((name, proc))
-        self._started.append({"name": name, "pid": proc.pid, "pgid": proc.pgid})
+        self._started.append({"name": name, "pid": proc.pid, "pgid": proc.pgid, "argv": proc.argv})
         dump_json(self.log_dir / PROCESSES_FILE, self._started)
 
     def _run_hook(self, name: str, argv: list[str]) -> None:
@@ -363,3 +365,38 @@ def processes_file(log_dir: Path) -> list[dict[str, Any]]:
     """The processes a cell started (for tests and post-mortems)."""
     path = Path(log_dir) / PROCESSES_FILE
     return json.loads(path.read_text(encoding="utf-8")) if path.exists() else []
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def stop_stale(log_dir: Path, *, timeout: float = 10.0) -> list[str]:
+    """Stop the process groups a killed harness left behind for this cell; returns their names.
+
+    A group is only signalled while its leader still runs the recorded command line, so a reused
+    process id is never hit.
+    """
+    stopped = []
+    for entry in processes_file(log_dir):
+        pgid, argv = int(entry["pgid"]), entry.get("argv")
+        try:
+            cmdline = Path(f"/proc/{pgid}/cmdline").read_bytes().split(b"\0")[:-1]
+        except OSError:
+            continue
+        if argv is None or [part.decode(errors="replace") for part in cmdline] != argv:
+            continue
+        os.killpg(pgid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while _group_alive(pgid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if _group_alive(pgid):
+            os.killpg(pgid, signal.SIGKILL)
+        stopped.append(str(entry["name"]))
+    return stopped

@@ -393,6 +393,10 @@ def load_spec(path: Path | str, overrides: dict[str, str] | None = None) -> Matr
     if problems:
         loc, message = problems[0]
         raise UsageError(f"{_where(source, lines, loc)}: {'.'.join(map(str, loc)) or '(top level)'}: {message}")
+    workload = spec.load.get("workload")
+    if isinstance(workload, str) and not Path(workload).is_absolute():
+        # Relative to the spec, so a matrix runs the same workload from any working directory.
+        spec.load["workload"] = str((source.parent / workload).resolve())
     _validate_load(spec, source, lines)
     if overrides:
         unknown = sorted(set(overrides) - set(spec.variables))

@@ -1,0 +1,685 @@
+"""The matrix's statistics: per cell the rate and the inconclusive rule; per factor an exact test
+stratified over the other factors, Firth logistic regression for main effects and two-factor
+interactions, multiplicity-adjusted p-values, verdicts, and the verdict paragraph in plain words.
+
+Pure functions over the per-run records of progress.jsonl; nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+from dataclasses import asdict, astuple, dataclass, field
+from typing import Any, Callable, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+from statsmodels.stats.proportion import confint_proportions_2indep
+
+from repro.matrix.design import Cell
+from repro.matrix.spec import MatrixSpec
+from repro.stats import (
+    assess_inconclusive,
+    benjamini_hochberg,
+    clopper_pearson,
+    holm,
+    power_two_proportions,
+    stratified_exact_test,
+)
+
+Verdict = Literal["causes", "widens", "reduces", "no detectable effect", "inconclusive"]
+"""`widens`: an effect only where a causing factor is on (bf16 index-K widening HiCache's race)."""
+
+
+class CellRun(BaseModel):
+    """One launch of one cell: a line of progress.jsonl, appended when the run ends."""
+
+    model_config = ConfigDict(extra="allow")
+
+    key: str
+    cell: dict[str, str]
+    replicate: int
+    order: int
+    status: Literal["finished", "failed"]
+    counts: dict[str, int] = Field(default_factory=dict)
+    wedged: int = 0
+    run_dir: str | None = None
+    """Relative to the matrix directory."""
+    message: str | None = None
+    """Why a failed run failed."""
+    server_info: dict[str, Any] | None = None
+    unconfirmed: list[str] = Field(default_factory=list)
+    launch: dict[str, Any] = Field(default_factory=dict)
+    duration_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Counts:
+    clean: int = 0
+    corrupt: int = 0
+    timeout: int = 0
+    error: int = 0
+    wedged: int = 0
+
+    @property
+    def completed(self) -> int:
+        return self.clean + self.corrupt
+
+    @property
+    def sessions(self) -> int:
+        return self.clean + self.corrupt + self.timeout + self.error
+
+    def __add__(self, other: "Counts") -> "Counts":
+        return Counts(*(a + b for a, b in zip(astuple(self), astuple(other))))
+
+
+Outcome = Literal["corruption", "timeout", "wedge"]
+
+EVENTS: dict[str, Callable[[Counts], tuple[int, int]]] = {
+    # Corruption is judged over completed sessions only; a timeout proves neither clean nor corrupt.
+    "corruption": lambda c: (c.corrupt, c.completed),
+    "timeout": lambda c: (c.timeout, c.sessions),
+    "wedge": lambda c: (c.wedged, c.sessions),
+}
+
+
+@dataclass
+class CellResult:
+    name: str
+    levels: dict[str, str]
+    runs: int
+    failed: int
+    counts: Counts
+    rate: float | None
+    rate_low: float
+    rate_high: float
+    inconclusive: bool
+    reasons: list[str]
+    run_dirs: list[str]
+
+
+@dataclass
+class Arm:
+    k: int
+    n: int
+
+
+@dataclass
+class Effect:
+    """One comparison (a factor's level against its baseline, or an interaction) for one outcome."""
+
+    term: str
+    factor: str
+    level: str
+    baseline: str
+    label: str
+    outcome: str
+    treated: Arm
+    reference: Arm
+    test: str
+    p: float | None
+    p_adjusted: float | None = None
+    difference: float | None = None
+    diff_low: float | None = None
+    diff_high: float | None = None
+    log_odds: float | None = None
+    log_odds_low: float | None = None
+    log_odds_high: float | None = None
+    firth_p: float | None = None
+    power: float | None = None
+    verdict: Verdict = "inconclusive"
+    widens: str | None = None
+    conditional: dict[str, Any] | None = None
+    reasons: list[str] = field(default_factory=list)
+
+
+@dataclass
+class MatrixAnalysis:
+    name: str
+    alpha: float
+    correction: str
+    baseline: dict[str, str]
+    cells: list[CellResult]
+    factors: list[Effect]
+    interactions: list[Effect]
+    timeouts: list[Effect]
+    wedges: list[Effect]
+    verdict: str
+    runs: dict[str, int]
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def cell_counts(runs: list[CellRun]) -> dict[tuple[tuple[str, str], ...], Counts]:
+    """Finished runs summed per cell (replicates pooled)."""
+    found: dict[tuple[tuple[str, str], ...], Counts] = {}
+    for run in runs:
+        if run.status != "finished":
+            continue
+        key = tuple(run.cell.items())
+        c = run.counts
+        counts = Counts(c.get("clean", 0), c.get("corrupt", 0), c.get("timeout", 0), c.get("error", 0), run.wedged)
+        found[key] = found.get(key, Counts()) + counts
+    return found
+
+
+def _cells(spec: MatrixSpec, runs: list[CellRun], order: list[tuple[tuple[str, str], ...]]) -> list[CellResult]:
+    results = []
+    totals = cell_counts(runs)
+    for key in order:
+        mine = [r for r in runs if tuple(r.cell.items()) == key]
+        counts = totals.get(key, Counts())
+        rate = clopper_pearson(counts.corrupt, counts.completed)
+        verdict = assess_inconclusive(
+            counts.clean,
+            counts.corrupt,
+            counts.timeout,
+            counts.error,
+            min_completed=spec.design.min_completed,
+            max_timeout_fraction=spec.design.max_timeout_fraction,
+        )
+        results.append(
+            CellResult(
+                name=Cell(key).name,
+                levels=dict(key),
+                runs=sum(r.status == "finished" for r in mine),
+                failed=sum(r.status == "failed" for r in mine),
+                counts=counts,
+                rate=rate.estimate,
+                rate_low=rate.low,
+                rate_high=rate.high,
+                inconclusive=verdict.inconclusive,
+                reasons=list(verdict.reasons),
+                run_dirs=[r.run_dir for r in mine if r.run_dir and r.status == "finished"],
+            )
+        )
+    return results
+
+
+Table = tuple[int, int, int, int]
+
+
+def _strata(
+    totals: dict[tuple[tuple[str, str], ...], Counts],
+    factor: str,
+    level: str,
+    baseline: str,
+    event: Callable[[Counts], tuple[int, int]],
+    where: dict[str, str] | None = None,
+    worst_case: bool = False,
+) -> tuple[list[Table], Arm, Arm]:
+    """One 2x2 table (events and non-events, treated then reference) per combination of the other
+    factors, only for strata that hold both arms; also the pooled arms over those strata.
+    `worst_case` counts the reference arm's timeouts as events (against a "causes" claim)."""
+    arms: dict[tuple, dict[str, Counts]] = {}
+    for key, counts in totals.items():
+        levels = dict(key)
+        if levels[factor] not in (level, baseline):
+            continue
+        if where and any(levels[f] != lv for f, lv in where.items()):
+            continue
+        stratum = tuple((f, lv) for f, lv in key if f != factor)
+        side = "t" if levels[factor] == level else "r"
+        arms.setdefault(stratum, {})[side] = arms.get(stratum, {}).get(side, Counts()) + counts
+    tables: list[Table] = []
+    treated, reference = Arm(0, 0), Arm(0, 0)
+    for sides in arms.values():
+        if "t" not in sides or "r" not in sides:
+            continue
+        kt, nt = event(sides["t"])
+        kr, nr = event(sides["r"])
+        if worst_case:
+            kr, nr = kr + sides["r"].timeout, nr + sides["r"].timeout
+        if nt == 0 or nr == 0:
+            continue
+        tables.append((kt, nt - kt, kr, nr - kr))
+        treated = Arm(treated.k + kt, treated.n + nt)
+        reference = Arm(reference.k + kr, reference.n + nr)
+    return tables, treated, reference
+
+
+def _stratified_p(tables: list[Table]) -> float | None:
+    if not tables:
+        return None
+    if sum(t[0] + t[2] for t in tables) == 0:
+        return 1.0
+    return float(stratified_exact_test(tables).p_value)
+
+
+def _adjust(pvalues: list[float | None], correction: str) -> list[float | None]:
+    present = [p for p in pvalues if p is not None]
+    if len(present) <= 1:
+        adjusted = present
+    elif correction == "holm":
+        adjusted = holm(present)
+    elif correction == "fdr_bh":
+        adjusted = benjamini_hochberg(present)
+    else:
+        adjusted = present
+    it = iter(adjusted)
+    return [next(it) if p is not None else None for p in pvalues]
+
+
+def _term(factor: str, level: str) -> str:
+    return f"{factor}={level}"
+
+
+def _design_columns(
+    spec: MatrixSpec, baseline: dict[str, str], interactions: bool
+) -> list[tuple[str, Callable[[dict[str, str]], float]]]:
+    mains = [
+        (_term(f, lv), (lambda levels, f=f, lv=lv: float(levels[f] == lv)))
+        for f, factor in spec.factors.items()
+        for lv in factor.levels
+        if lv != baseline[f]
+    ]
+    columns = list(mains)
+    if interactions:
+        for (a, fa), (b, fb) in itertools.combinations(mains, 2):
+            if a.split("=")[0] != b.split("=")[0]:
+                columns.append((f"{a}×{b}", (lambda levels, fa=fa, fb=fb: fa(levels) * fb(levels))))
+    return columns
+
+
+@dataclass(frozen=True)
+class FirthTerm:
+    coef: float
+    low: float
+    high: float
+    p: float
+
+
+def firth(
+    spec: MatrixSpec, totals: dict[tuple[tuple[str, str], ...], Counts], baseline: dict[str, str], interactions: bool
+) -> dict[str, FirthTerm] | None:
+    """Firth-penalised logistic regression of corruption (per completed session) on treatment-coded
+    factor levels, and their pairwise products when `interactions`; None when the cells run cannot
+    separate the terms (a half fraction aliases some interactions) or there is nothing to fit."""
+    from firthmodels import FirthLogisticRegression  # slow to import (numba, sklearn): only when fitting
+
+    columns = _design_columns(spec, baseline, interactions)
+    cells = [(dict(key), c) for key, c in totals.items() if c.completed > 0]
+    if not cells or not columns:
+        return None
+    design = np.array([[fn(levels) for _, fn in columns] for levels, _ in cells])
+    with_intercept = np.column_stack([design, np.ones(len(cells))])
+    if np.linalg.matrix_rank(with_intercept) < with_intercept.shape[1]:
+        return None
+    events = sum(c.corrupt for _, c in cells)
+    if events == 0 or events == sum(c.completed for _, c in cells):
+        return None
+    x = np.repeat(design, 2, axis=0)
+    y = np.tile([1, 0], len(cells))
+    weights = np.array([w for _, c in cells for w in (c.corrupt, c.clean)], dtype=float)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = FirthLogisticRegression(backend="numpy", max_iter=100).fit(x, y, sample_weight=weights)
+        model.lrt()
+        intervals = model.conf_int(method="pl")
+    return {
+        name: FirthTerm(float(model.coef_[i]), float(intervals[i][0]), float(intervals[i][1]), float(model.lrt_pvalues_[i]))
+        for i, (name, _) in enumerate(columns)
+    }
+
+
+def _comparisons(spec: MatrixSpec, baseline: dict[str, str]) -> list[tuple[str, str, str]]:
+    return [(f, lv, baseline[f]) for f, factor in spec.factors.items() for lv in factor.levels if lv != baseline[f]]
+
+
+def _label(spec: MatrixSpec, factor: str, level: str, baseline: str) -> str:
+    return f"{spec.label(factor)} {level} vs {baseline}"
+
+
+def _effect(
+    spec: MatrixSpec,
+    totals: dict[tuple[tuple[str, str], ...], Counts],
+    comparison: tuple[str, str, str],
+    outcome: Outcome,
+    fitted: dict[str, FirthTerm] | None,
+    where: dict[str, str] | None = None,
+) -> Effect:
+    factor, level, base = comparison
+    tables, treated, reference = _strata(totals, factor, level, base, EVENTS[outcome], where)
+    p = _stratified_p(tables)
+    test = "stratified exact"
+    term = _term(factor, level)
+    firth_term = fitted.get(term) if fitted else None
+    if p is None and firth_term is not None:
+        # No stratum holds both arms (a fractional design): the regression is the only comparison.
+        p, test = firth_term.p, "Firth likelihood ratio"
+        treated, reference = _pooled(totals, factor, level, base, EVENTS[outcome])
+    effect = Effect(
+        term=term,
+        factor=factor,
+        level=level,
+        baseline=base,
+        label=_label(spec, factor, level, base),
+        outcome=outcome,
+        treated=treated,
+        reference=reference,
+        test=test,
+        p=p,
+    )
+    if treated.n and reference.n:
+        # Newcombe's interval straight from statsmodels: compare() would also run Boschloo's test,
+        # seconds per call, for a p-value the stratified test already gives.
+        low, high = confint_proportions_2indep(
+            treated.k, treated.n, reference.k, reference.n, compare="diff", method="newcomb"
+        )
+        effect.difference = treated.k / treated.n - reference.k / reference.n
+        effect.diff_low, effect.diff_high = float(low), float(high)
+    if firth_term is not None:
+        effect.log_odds, effect.log_odds_low = firth_term.coef, firth_term.low
+        effect.log_odds_high, effect.firth_p = firth_term.high, firth_term.p
+    return effect
+
+
+def _pooled(
+    totals: dict[tuple[tuple[str, str], ...], Counts],
+    factor: str,
+    level: str,
+    base: str,
+    event: Callable[[Counts], tuple[int, int]],
+) -> tuple[Arm, Arm]:
+    treated, reference = Arm(0, 0), Arm(0, 0)
+    for key, counts in totals.items():
+        k, n = event(counts)
+        side = dict(key)[factor]
+        if side == level:
+            treated = Arm(treated.k + k, treated.n + n)
+        elif side == base:
+            reference = Arm(reference.k + k, reference.n + n)
+    return treated, reference
+
+
+def _significant(effect: Effect, alpha: float) -> bool:
+    return effect.p_adjusted is not None and effect.p_adjusted < alpha
+
+
+def _direction(effect: Effect) -> float:
+    if effect.difference is not None:
+        return effect.difference
+    if effect.log_odds is not None:
+        return effect.log_odds
+    return 0.0
+
+
+def _arm_totals(totals: dict[tuple[tuple[str, str], ...], Counts], factor: str, level: str) -> Counts:
+    found = Counts()
+    for key, counts in totals.items():
+        if dict(key)[factor] == level:
+            found = found + counts
+    return found
+
+
+def _adequacy(spec: MatrixSpec, totals: dict[tuple[tuple[str, str], ...], Counts], effect: Effect) -> list[str]:
+    """Why the arms of a non-significant comparison cannot support "no detectable effect"."""
+    reasons = []
+    design = spec.design
+    for level in (effect.level, effect.baseline):
+        arm = _arm_totals(totals, effect.factor, level)
+        name = f"{spec.label(effect.factor)} {level}"
+        if arm.completed < design.min_completed:
+            reasons.append(f"{name}: only {arm.completed} sessions completed (minimum {design.min_completed})")
+        if arm.sessions and arm.timeout / arm.sessions > design.max_timeout_fraction:
+            reasons.append(f"{name}: {arm.timeout} of {arm.sessions} sessions timed out")
+    return reasons
+
+
+def _power(spec: MatrixSpec, effect: Effect) -> float | None:
+    if not effect.treated.n or not effect.reference.n:
+        return None
+    base = effect.reference.k / effect.reference.n
+    target = min(1.0, base + spec.design.detect)
+    return power_two_proportions(
+        target, base, effect.treated.n, effect.reference.n, alpha=spec.design.alpha, test="fisher"
+    )
+
+
+def _judge_corruption(spec: MatrixSpec, totals: dict, effects: list[Effect]) -> None:
+    """Verdicts for the factors' corruption effects: causes, widens, reduces, no detectable effect, inconclusive.
+
+    Only a significant positive effect can make a factor "causes" or "widens". Among those, a factor
+    causes corruption when its effect holds alone (every other significant factor at its baseline) or
+    when no cell with the factor at its baseline corrupted at all (corruption needs it); a factor whose
+    baseline cells corrupted too, and that raises corruption within a cause's strata, widens it.
+    """
+    alpha, correction = spec.design.alpha, spec.design.correction
+    for effect, adjusted in zip(effects, _adjust([e.p for e in effects], correction)):
+        effect.p_adjusted = adjusted
+    positive = [e for e in effects if _significant(e, alpha) and _direction(e) > 0]
+    alone_p = []
+    for effect in positive:
+        where = {o.factor: o.baseline for o in positive if o.factor != effect.factor}
+        if not where:
+            alone_p.append(effect.p)
+            continue
+        alone = _effect(spec, totals, (effect.factor, effect.level, effect.baseline), "corruption", None, where)
+        alone_p.append(alone.p if alone.difference is not None and alone.difference > 0 else 1.0)
+    causes: list[Effect] = []
+    for effect, p in zip(positive, _adjust(alone_p, correction)):
+        at_baseline = _arm_totals(totals, effect.factor, effect.baseline)
+        if p is not None and p < alpha:
+            causes.append(effect)
+        elif at_baseline.corrupt == 0:
+            causes.append(effect)
+            effect.reasons.append(
+                f"no corruption in any cell with {spec.label(effect.factor)} {effect.baseline} "
+                f"(0/{at_baseline.completed})"
+            )
+    for effect in causes:
+        others = [o.label for o in causes if o is not effect and o.reasons and effect.reasons]
+        if others:
+            effect.reasons.append("acts only together with " + ", ".join(others))
+        tables, treated, reference = _strata(
+            totals, effect.factor, effect.level, effect.baseline, EVENTS["corruption"], worst_case=True
+        )
+        worst = _stratified_p(tables)
+        holds = (
+            worst is not None
+            and worst * len(effects) < alpha
+            and treated.k * reference.n > reference.k * treated.n
+        )
+        baseline_timeouts = _arm_totals(totals, effect.factor, effect.baseline).timeout
+        if baseline_timeouts and not holds:
+            effect.verdict = "inconclusive"
+            effect.reasons.append(
+                f"significant only if the {baseline_timeouts} timeouts with {spec.label(effect.factor)} "
+                f"{effect.baseline} were clean"
+            )
+        else:
+            effect.verdict = "causes"
+    confirmed = [e for e in causes if e.verdict == "causes"]
+    _judge_widening(spec, totals, [e for e in effects if e not in causes], confirmed)
+    for effect in effects:
+        if effect in causes or effect.verdict == "widens":
+            continue
+        if _significant(effect, alpha) and _direction(effect) < 0:
+            effect.verdict = "reduces"
+        elif effect in positive:
+            effect.reasons.append("significant overall, but neither alone nor within a causing factor's strata")
+        elif effect.p is None:
+            effect.reasons.append("no stratum holds both levels and the regression could not be fitted")
+        else:
+            effect.power = _power(spec, effect)
+            effect.reasons = _adequacy(spec, totals, effect)
+            effect.verdict = "inconclusive" if effect.reasons else "no detectable effect"
+
+
+def _judge_widening(spec: MatrixSpec, totals: dict, candidates: list[Effect], causes: list[Effect]) -> None:
+    """A factor "widens" a cause when it raises corruption within the cause's strata (an amplifier)."""
+    tests: list[tuple[Effect, Effect, Effect]] = []
+    for effect in candidates:
+        for cause in causes:
+            if cause.factor == effect.factor:
+                continue
+            within = _effect(
+                spec, totals, (effect.factor, effect.level, effect.baseline), "corruption", None, {cause.factor: cause.level}
+            )
+            if within.p is not None:
+                tests.append((effect, cause, within))
+    adjusted = _adjust([within.p for _, _, within in tests], spec.design.correction)
+    for (effect, cause, within), p in zip(tests, adjusted):
+        if effect.verdict == "widens" or p is None or p >= spec.design.alpha or _direction(within) <= 0:
+            continue
+        effect.verdict = "widens"
+        effect.widens = cause.factor
+        effect.conditional = {
+            "within": f"{spec.label(cause.factor)} {cause.level}",
+            "treated": asdict(within.treated),
+            "reference": asdict(within.reference),
+            "p": within.p,
+            "p_adjusted": p,
+            "difference": within.difference,
+            "diff_low": within.diff_low,
+            "diff_high": within.diff_high,
+        }
+
+
+def _judge_secondary(spec: MatrixSpec, effects: list[Effect]) -> None:
+    for effect, adjusted in zip(effects, _adjust([e.p for e in effects], spec.design.correction)):
+        effect.p_adjusted = adjusted
+        if effect.p is None:
+            effect.verdict = "inconclusive"
+            effect.reasons.append("no stratum holds both levels")
+        elif _significant(effect, spec.design.alpha):
+            effect.verdict = "causes" if _direction(effect) > 0 else "reduces"
+        else:
+            effect.verdict = "no detectable effect"
+
+
+def _interactions(spec: MatrixSpec, fitted: dict[str, FirthTerm] | None, baseline: dict[str, str]) -> list[Effect]:
+    if not fitted:
+        return []
+    effects = []
+    for term, value in fitted.items():
+        if "×" not in term:
+            continue
+        a, b = term.split("×")
+        (fa, la), (fb, lb) = a.split("=", 1), b.split("=", 1)
+        effects.append(
+            Effect(
+                term=term,
+                factor=f"{fa}×{fb}",
+                level=f"{la}×{lb}",
+                baseline=f"{baseline[fa]}×{baseline[fb]}",
+                label=f"{spec.label(fa)} {la} × {spec.label(fb)} {lb}",
+                outcome="corruption",
+                treated=Arm(0, 0),
+                reference=Arm(0, 0),
+                test="Firth likelihood ratio",
+                p=value.p,
+                log_odds=value.coef,
+                log_odds_low=value.low,
+                log_odds_high=value.high,
+                firth_p=value.p,
+            )
+        )
+    for effect, adjusted in zip(effects, _adjust([e.p for e in effects], spec.design.correction)):
+        effect.p_adjusted = adjusted
+        if _significant(effect, spec.design.alpha):
+            effect.verdict = "causes" if (effect.log_odds or 0) > 0 else "reduces"
+        else:
+            effect.verdict = "no detectable effect"
+    return effects
+
+
+def _fmt_p(p: float | None) -> str:
+    if p is None:
+        return "p n/a"
+    return f"p = {p:.2g}" if p >= 0.0001 else "p < 0.0001"
+
+
+def _arms(effect: Effect) -> str:
+    return f"{effect.treated.k}/{effect.treated.n} vs {effect.reference.k}/{effect.reference.n} sessions"
+
+
+def verdict_paragraph(spec: MatrixSpec, analysis: MatrixAnalysis) -> str:
+    """The findings in plain words, strongest first; every claim carries its counts and p-value."""
+    sentences: list[str] = []
+    order = {"causes": 0, "widens": 1, "reduces": 2, "inconclusive": 3, "no detectable effect": 4}
+    for effect in sorted(analysis.factors, key=lambda e: order[e.verdict]):
+        name = f"{spec.label(effect.factor)} {effect.level} (vs {effect.baseline})"
+        if effect.verdict == "causes":
+            why = f"; {'; '.join(effect.reasons)}" if effect.reasons else ""
+            sentences.append(f"{name} causes corruption: {_arms(effect)} ({_fmt_p(effect.p_adjusted)}{why}).")
+        elif effect.verdict == "widens" and effect.conditional:
+            cond = effect.conditional
+            sentences.append(
+                f"{name} widens it: with {cond['within']}, {cond['treated']['k']}/{cond['treated']['n']} vs "
+                f"{cond['reference']['k']}/{cond['reference']['n']} sessions ({_fmt_p(cond['p_adjusted'])})."
+            )
+        elif effect.verdict == "reduces":
+            sentences.append(f"{name} reduces corruption: {_arms(effect)} ({_fmt_p(effect.p_adjusted)}).")
+        elif effect.verdict == "inconclusive":
+            sentences.append(f"{name}: inconclusive ({'; '.join(effect.reasons)}).")
+        else:
+            power = f"power to detect {spec.design.detect * 100:.0f} points: {effect.power:.2f}" if effect.power is not None else "power unknown"
+            sentences.append(f"{name}: no detectable effect ({_arms(effect)}, {power}).")
+    for effect in analysis.interactions:
+        if effect.verdict in ("causes", "reduces"):
+            word = "raises" if effect.verdict == "causes" else "lowers"
+            sentences.append(f"The interaction {effect.label} {word} corruption ({_fmt_p(effect.p_adjusted)}).")
+    for family, noun in ((analysis.timeouts, "timeouts"), (analysis.wedges, "wedged streams")):
+        for effect in family:
+            if effect.verdict in ("causes", "reduces"):
+                word = "raises" if effect.verdict == "causes" else "lowers"
+                sentences.append(
+                    f"{spec.label(effect.factor)} {effect.level} (vs {effect.baseline}) {word} {noun}: "
+                    f"{_arms(effect)} ({_fmt_p(effect.p_adjusted)})."
+                )
+    if not analysis.factors:
+        sentences.append("No finished cells to analyse.")
+    return " ".join(sentences)
+
+
+def analyse(
+    spec: MatrixSpec,
+    runs: list[CellRun],
+    cell_order: list[dict[str, str]],
+    planned: int,
+    *,
+    effects: bool = True,
+) -> MatrixAnalysis:
+    """Everything matrix.json holds, from the runs finished so far. Without `effects` only the cells
+    and run counts (cheap enough to rewrite after every run; the tests and regression come at the end)."""
+    baseline = spec.baseline()
+    totals = cell_counts(runs) if effects else {}
+    order = [tuple((f, cell[f]) for f in spec.factors) for cell in cell_order]
+    fitted = firth(spec, totals, baseline, interactions=True) if totals else None
+    notes = [] if effects else ["per-factor analysis pending: it is written when the matrix ends"]
+    main_fit = fitted
+    if fitted is None and totals:
+        main_fit = firth(spec, totals, baseline, interactions=False)
+        if main_fit is not None:
+            notes.append("two-factor interactions are not separable in the cells run; main effects only")
+    comparisons = _comparisons(spec, baseline) if totals else []
+    factors = [_effect(spec, totals, c, "corruption", main_fit) for c in comparisons]
+    _judge_corruption(spec, totals, factors)
+    timeouts = [_effect(spec, totals, c, "timeout", None) for c in comparisons]
+    wedges = [_effect(spec, totals, c, "wedge", None) for c in comparisons]
+    _judge_secondary(spec, timeouts)
+    _judge_secondary(spec, wedges)
+    analysis = MatrixAnalysis(
+        name=spec.name,
+        alpha=spec.design.alpha,
+        correction=spec.design.correction,
+        baseline=baseline,
+        cells=_cells(spec, runs, order),
+        factors=factors,
+        interactions=_interactions(spec, fitted, baseline),
+        timeouts=timeouts,
+        wedges=wedges,
+        verdict="",
+        runs={
+            "planned": planned,
+            "finished": sum(r.status == "finished" for r in runs),
+            "failed": sum(r.status == "failed" for r in runs),
+        },
+        notes=notes,
+    )
+    if effects:
+        analysis.verdict = verdict_paragraph(spec, analysis)
+    return analysis

@@ -1,0 +1,205 @@
+"""The matrix's reports: one self-contained HTML page (verdict, cell table, factor-effect chart with
+intervals, links to each cell's run report), a Markdown summary and JUnit XML.
+
+Reuses `repro.report`'s formatting, escaping, plot encoding and JUnit building; names from the spec
+and messages from servers are untrusted text, escaped by jinja2's autoescape, `md_escape` and `xml_text`.
+"""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
+
+import jinja2
+import matplotlib.pyplot as plt
+
+from repro.matrix.analysis import CellResult, CellRun, Effect, MatrixAnalysis
+from repro.report.junit import _properties, junit_xml, xml_text
+from repro.report.markdown import md_escape
+from repro.report.model import fmt_pct, fmt_points, fmt_range
+from repro.report.plots import Plot, _encode
+
+HTML = "report.html"
+MARKDOWN = "report.md"
+JUNIT = "junit.xml"
+RUN_REPORT = "report.html"
+
+
+@dataclass(frozen=True)
+class MatrixReport:
+    html: Path
+    markdown: Path
+    junit: Path
+
+
+def _p(p: float | None) -> str:
+    if p is None:
+        return "—"
+    return f"{p:.2g}" if p >= 0.0001 else "<0.0001"
+
+
+def _diff(effect: Effect) -> str:
+    if effect.difference is None:
+        return "—"
+    interval = ""
+    if effect.diff_low is not None and effect.diff_high is not None:
+        interval = f" [{100 * effect.diff_low:+.1f}, {100 * effect.diff_high:+.1f}]"
+    return fmt_points(effect.difference) + interval
+
+
+def _log_odds(effect: Effect) -> str:
+    if effect.log_odds is None:
+        return "—"
+    return f"{effect.log_odds:+.2f} [{effect.log_odds_low:+.2f}, {effect.log_odds_high:+.2f}]"
+
+
+def _rate(cell: CellResult) -> str:
+    if cell.rate is None:
+        return "—"
+    return f"{fmt_pct(cell.rate)} ({fmt_range(cell.rate_low, cell.rate_high)})"
+
+
+def effects_plot(effects: list[Effect]) -> Plot | None:
+    """Each factor's corruption-rate difference (level minus baseline) with its 95% interval."""
+    shown = [e for e in effects if e.difference is not None]
+    if not shown:
+        return None
+    with plt.rc_context({"text.parse_math": False}):
+        fig, ax = plt.subplots(figsize=(7, 0.6 * len(shown) + 1.2))
+        for i, effect in enumerate(shown):
+            colour = {"causes": "#c62828", "widens": "#ef6c00", "reduces": "#2e7d32"}.get(effect.verdict, "#455a64")
+            low = effect.diff_low if effect.diff_low is not None else effect.difference
+            high = effect.diff_high if effect.diff_high is not None else effect.difference
+            ax.errorbar(
+                [100 * effect.difference],
+                [i],
+                xerr=[[100 * (effect.difference - low)], [100 * (high - effect.difference)]],
+                fmt="o",
+                color=colour,
+                capsize=4,
+            )
+        ax.axvline(0, color="#9e9e9e", linewidth=1)
+        ax.set_yticks(range(len(shown)), [f"{e.label} ({e.verdict})" for e in shown])
+        ax.invert_yaxis()
+        ax.set_xlabel("corruption rate difference, percentage points (95% interval)")
+        ax.set_title("Factor effects on corruption")
+        data_uri = _encode(fig)
+    return Plot("Factor effects", "Corruption-rate difference per factor level with 95% intervals", data_uri)
+
+
+_TEMPLATE = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined).from_string(
+    """<!doctype html>
+<html lang="en"><head><meta charset="utf-8">
+<meta http-equiv="Content-Security-Policy" content="default-src 'none'; img-src data:; style-src 'unsafe-inline'">
+<title>repro matrix: {{ a.name }}</title>
+<style>
+body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px} table{border-collapse:collapse;margin:1em 0}
+td,th{border:1px solid #ccc;padding:.3em .6em;text-align:right} td.l,th.l{text-align:left}
+.causes{color:#c62828;font-weight:bold}.widens{color:#ef6c00;font-weight:bold}.reduces{color:#2e7d32}
+.inconclusive{color:#8d6e63}.verdict{font-size:1.1em;background:#f5f5f5;padding:1em;border-left:4px solid #c62828}
+</style></head><body>
+<h1>repro matrix: {{ a.name }}</h1>
+<p class="verdict">{{ a.verdict or "No verdict yet." }}</p>
+<p>{{ a.runs.finished }} of {{ a.runs.planned }} runs finished{% if a.runs.failed %}, {{ a.runs.failed }} failed{% endif %};
+alpha {{ a.alpha }}, {{ a.correction }}-adjusted. Baseline:
+{% for f, lv in a.baseline.items() %}{{ f }}={{ lv }}{% if not loop.last %}, {% endif %}{% endfor %}.</p>
+{% for note in a.notes %}<p><em>{{ note }}</em></p>{% endfor %}
+<h2>Cells</h2>
+<table><tr>{% for f in factors %}<th class="l">{{ f }}</th>{% endfor %}<th>runs</th><th>clean</th><th>corrupt</th>
+<th>timeout</th><th>error</th><th>wedged</th><th>corruption rate (95% CI)</th><th class="l">inconclusive</th><th class="l">run reports</th></tr>
+{% for c in a.cells %}<tr>{% for f in factors %}<td class="l">{{ c.levels[f] }}</td>{% endfor %}
+<td>{{ c.runs }}{% if c.failed %} (+{{ c.failed }} failed){% endif %}</td><td>{{ c.counts.clean }}</td><td>{{ c.counts.corrupt }}</td>
+<td>{{ c.counts.timeout }}</td><td>{{ c.counts.error }}</td><td>{{ c.counts.wedged }}</td><td>{{ rate(c) }}</td>
+<td class="l">{{ c.reasons | join("; ") }}</td>
+<td class="l">{% for d in c.run_dirs %}<a href="{{ d }}/{{ run_report }}">{{ d.split("/")[-1] }}</a> {% endfor %}</td></tr>
+{% endfor %}</table>
+{% if plot %}<h2>{{ plot.title }}</h2><img src="{{ plot.data_uri }}" alt="{{ plot.alt }}">{% endif %}
+{% for title, rows in tables %}{% if rows %}
+<h2>{{ title }}</h2>
+<table><tr><th class="l">comparison</th><th class="l">verdict</th><th>level</th><th>baseline</th><th>difference [95% CI]</th>
+<th>Firth log-odds [95% CI]</th><th>p</th><th>adjusted p</th><th class="l">test</th><th>power (10 pts)</th><th class="l">notes</th></tr>
+{% for e in rows %}<tr><td class="l">{{ e.label }}</td><td class="l {{ e.verdict.split()[0] }}">{{ e.verdict }}{% if e.widens %} ({{ e.conditional.within }}){% endif %}</td>
+<td>{{ e.treated.k }}/{{ e.treated.n }}</td><td>{{ e.reference.k }}/{{ e.reference.n }}</td><td>{{ diff(e) }}</td>
+<td>{{ log_odds(e) }}</td><td>{{ p(e.p) }}</td><td>{{ p(e.p_adjusted) }}</td><td class="l">{{ e.test }}</td>
+<td>{{ "%.2f" % e.power if e.power is not none else "—" }}</td><td class="l">{{ e.reasons | join("; ") }}</td></tr>
+{% endfor %}</table>{% endif %}{% endfor %}
+{% if failed %}<h2>Failed runs</h2><ul>{% for r in failed %}<li>{{ r.key }}: {{ r.message }}</li>{% endfor %}</ul>{% endif %}
+</body></html>
+"""
+)
+
+
+def render_html(analysis: MatrixAnalysis, factors: list[str], runs: list[CellRun]) -> str:
+    return _TEMPLATE.render(
+        a=analysis,
+        factors=factors,
+        plot=effects_plot(analysis.factors),
+        tables=[
+            ("Factors: corruption", analysis.factors),
+            ("Two-factor interactions (Firth regression)", analysis.interactions),
+            ("Factors: timeouts", analysis.timeouts),
+            ("Factors: wedged streams", analysis.wedges),
+        ],
+        failed=[r for r in runs if r.status == "failed"],
+        run_report=RUN_REPORT,
+        rate=_rate,
+        diff=_diff,
+        log_odds=_log_odds,
+        p=_p,
+    )
+
+
+def render_markdown(analysis: MatrixAnalysis, factors: list[str]) -> str:
+    lines = [f"## repro matrix: {md_escape(analysis.name)}", "", md_escape(analysis.verdict or "No verdict yet."), ""]
+    lines.append("| " + " | ".join(md_escape(f) for f in factors) + " | clean | corrupt | timeout | error | rate |")
+    lines.append("|" + "---|" * (len(factors) + 5))
+    for cell in analysis.cells:
+        c = cell.counts
+        levels = " | ".join(md_escape(cell.levels[f]) for f in factors)
+        lines.append(f"| {levels} | {c.clean} | {c.corrupt} | {c.timeout} | {c.error} | {md_escape(_rate(cell))} |")
+    if analysis.factors:
+        lines += ["", "| factor | verdict | level | baseline | difference | adjusted p |", "|---|---|---|---|---|---|"]
+        for e in analysis.factors:
+            lines.append(
+                f"| {md_escape(e.label)} | {md_escape(e.verdict)} | {e.treated.k}/{e.treated.n} | "
+                f"{e.reference.k}/{e.reference.n} | {md_escape(_diff(e))} | {md_escape(_p(e.p_adjusted))} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def render_junit(analysis: MatrixAnalysis) -> str:
+    """A testcase per cell (failure when it corrupted) and per factor (failure when it causes or widens it)."""
+    cases = []
+    for cell in analysis.cells:
+        case = ET.Element("testcase", classname=xml_text(f"repro.matrix.{analysis.name}"), name=xml_text(cell.name))
+        c = cell.counts
+        _properties(case, {"clean": c.clean, "corrupt": c.corrupt, "timeout": c.timeout, "error": c.error,
+                           "wedged": c.wedged, "corruption_rate": cell.rate})
+        if c.corrupt:
+            message = xml_text(f"{c.corrupt} of {c.completed} completed sessions corrupt")
+            ET.SubElement(case, "failure", message=message, type="corrupt").text = message
+        elif cell.inconclusive:
+            ET.SubElement(case, "skipped", message=xml_text("; ".join(cell.reasons)))
+        cases.append(case)
+    for effect in analysis.factors:
+        case = ET.Element("testcase", classname=xml_text(f"repro.matrix.{analysis.name}.factor"), name=xml_text(effect.label))
+        _properties(case, {"verdict": effect.verdict, "p": effect.p, "p_adjusted": effect.p_adjusted,
+                           "difference": effect.difference})
+        if effect.verdict in ("causes", "widens"):
+            message = xml_text(f"{effect.label} {effect.verdict} corruption (adjusted p {_p(effect.p_adjusted)})")
+            ET.SubElement(case, "failure", message=message, type=effect.verdict).text = message
+        elif effect.verdict == "inconclusive":
+            ET.SubElement(case, "skipped", message=xml_text("; ".join(effect.reasons)))
+        cases.append(case)
+    return junit_xml(cases, suite=f"repro.matrix.{analysis.name}")
+
+
+def write_reports(path: Path, analysis: MatrixAnalysis, factors: list[str], runs: list[CellRun]) -> MatrixReport:
+    """Write report.html, report.md and junit.xml into the matrix directory."""
+    root = Path(path)
+    report = MatrixReport(root / HTML, root / MARKDOWN, root / JUNIT)
+    report.html.write_text(render_html(analysis, factors, runs), encoding="utf-8")
+    report.markdown.write_text(render_markdown(analysis, factors), encoding="utf-8")
+    report.junit.write_text(render_junit(analysis), encoding="utf-8")
+    return report

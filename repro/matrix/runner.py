@@ -1,0 +1,310 @@
+"""The matrix loop: one deployment launch and one `repro run` per planned (cell, replicate), in the
+design's randomised order, with results under one matrix directory.
+
+Matrix directory: spec.yaml (the spec as given), plan.json (the run order and what it was resolved
+from), progress.jsonl (one line per ended run, flushed and fsynced), cells/<cell>-r<k>/ (the run
+directories), logs/<cell>-r<k>/ (each launched process's output and processes.json), matrix.json
+(the analysis, rewritten atomically after every run), report.html, report.md, junit.xml.
+
+`--resume` keeps every run whose directory holds a summary.json with `interrupted: false`, moves
+unfinished run directories aside and reruns them; SIGKILL therefore loses no finished cell.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from repro.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_TARGET, ReproError, TargetError, UsageError
+from repro.matrix.analysis import CellRun, MatrixAnalysis, analyse, cell_counts
+from repro.matrix.deploy import CellDeployment, describe, resolve, stop_stale
+from repro.matrix.design import Cell, PlannedRun, cells, plan
+from repro.matrix.report import RUN_REPORT, write_reports
+from repro.matrix.spec import MatrixSpec, load_spec
+from repro.records import Summary
+from repro.store import SUMMARY, dump_json, slug
+
+SPEC_COPY = "spec.yaml"
+PLAN = "plan.json"
+PROGRESS = "progress.jsonl"
+MATRIX_JSON = "matrix.json"
+CELLS = "cells"
+LOGS = "logs"
+
+
+@dataclass(frozen=True)
+class MatrixResult:
+    path: Path
+    analysis: MatrixAnalysis
+    exit_code: int
+
+
+def default_dir(spec: MatrixSpec, root: Path = Path("reports")) -> Path:
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    return root / f"{stamp}-matrix-{slug(spec.name)}"
+
+
+def _fingerprint(spec: MatrixSpec) -> str:
+    return hashlib.sha256(spec.model_dump_json().encode()).hexdigest()
+
+
+def _finished_summary(run_dir: Path) -> Summary | None:
+    file = run_dir / SUMMARY
+    if not file.exists():
+        return None
+    try:
+        summary = Summary.model_validate_json(file.read_text(encoding="utf-8"))
+    except ValueError:
+        return None
+    return None if summary.interrupted else summary
+
+
+def _read_progress(path: Path) -> dict[str, CellRun]:
+    """The last record per run key; a torn last line (SIGKILL mid-write) is ignored."""
+    records: dict[str, CellRun] = {}
+    if not path.exists():
+        return records
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = CellRun.model_validate_json(line)
+        except ValueError:
+            continue
+        records[record.key] = record
+    return records
+
+
+def _append_progress(path: Path, record: CellRun) -> None:
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(record.model_dump_json() + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def _record_from_summary(run: PlannedRun, summary: Summary, rel: str, previous: CellRun | None) -> CellRun:
+    extra = previous.model_dump(include={"server_info", "unconfirmed", "launch", "duration_s"}) if previous else {}
+    return CellRun(
+        key=run.key,
+        cell=run.cell.as_dict(),
+        replicate=run.replicate,
+        order=run.order,
+        status="finished",
+        counts=dict(summary.counts),
+        wedged=summary.wedged,
+        run_dir=rel,
+        **extra,
+    )
+
+
+def _move_aside(run_dir: Path) -> None:
+    n = 1
+    while (aside := run_dir.with_name(f"{run_dir.name}.partial-{n}")).exists():
+        n += 1
+    run_dir.rename(aside)
+
+
+class MatrixRunner:
+    """Runs (or resumes) one matrix; `run()` returns the analysis and the exit code."""
+
+    def __init__(
+        self,
+        spec: MatrixSpec,
+        spec_text: str,
+        path: Path,
+        *,
+        resume: bool = False,
+        keep_going: bool = False,
+        console: Console | None = None,
+    ) -> None:
+        problems = spec.problems()
+        if problems:
+            loc, message = problems[0]
+            raise UsageError(f"{'.'.join(map(str, loc)) or 'spec'}: {message}")
+        self.spec = spec
+        self.path = Path(path)
+        self.keep_going = keep_going
+        self.console = console or Console(stderr=True, highlight=False)
+        self.runs = plan(spec)
+        self.cell_order = [c.as_dict() for c in cells(spec)]
+        self.records: dict[str, CellRun] = {}
+        self._prepare(spec_text, resume)
+
+    def _prepare(self, spec_text: str, resume: bool) -> None:
+        plan_file = self.path / PLAN
+        if resume:
+            if not plan_file.exists():
+                raise UsageError(f"--resume {self.path}: not a matrix directory (no {PLAN})")
+            recorded = json.loads(plan_file.read_text(encoding="utf-8"))
+            if recorded.get("fingerprint") != _fingerprint(self.spec):
+                raise UsageError(
+                    f"--resume {self.path}: the spec or its variables changed since this matrix started; "
+                    "resume with the same spec, or start a new matrix directory"
+                )
+            self.records = _read_progress(self.path / PROGRESS)
+            return
+        if self.path.exists() and (not self.path.is_dir() or any(self.path.iterdir())):
+            raise UsageError(f"--out {self.path}: exists and is not empty; choose a new path or pass --resume")
+        (self.path / CELLS).mkdir(parents=True, exist_ok=True)
+        (self.path / SPEC_COPY).write_text(spec_text, encoding="utf-8")
+        dump_json(
+            plan_file,
+            {
+                "name": self.spec.name,
+                "fingerprint": _fingerprint(self.spec),
+                "variables": self.spec.variables,
+                "runs": [
+                    {"key": r.key, "cell": r.cell.as_dict(), "replicate": r.replicate, "order": r.order}
+                    for r in self.runs
+                ],
+            },
+        )
+
+    def _finished(self, run: PlannedRun) -> CellRun | None:
+        run_dir = self.path / CELLS / run.key
+        summary = _finished_summary(run_dir)
+        if summary is None:
+            log_dir = self.path / LOGS / run.key
+            stale = stop_stale(log_dir)
+            if stale:
+                self.console.print(Text(f"stopped {', '.join(stale)} left running by an earlier harness ({run.key})"))
+            for leftover in (run_dir, log_dir):
+                if leftover.exists():
+                    _move_aside(leftover)
+            return None
+        return _record_from_summary(run, summary, f"{CELLS}/{run.key}", self.records.get(run.key))
+
+    def _write_matrix(self, *, effects: bool = True) -> MatrixAnalysis:
+        analysis = analyse(self.spec, list(self.records.values()), self.cell_order, len(self.runs), effects=effects)
+        dump_json(self.path / MATRIX_JSON, analysis.to_json())
+        return analysis
+
+    def run(self) -> MatrixResult:
+        exit_code = EXIT_OK
+        try:
+            for run in self.runs:
+                done = self._finished(run)
+                if done is not None:
+                    self.records[run.key] = done
+                    continue
+                record = self._run_one(run)
+                self.records[run.key] = record
+                _append_progress(self.path / PROGRESS, record)
+                if record.status == "finished":
+                    self._cell_report(self.path / CELLS / run.key)
+                self._write_matrix(effects=False)
+                self._show(run, record)
+                if record.status == "failed":
+                    exit_code = EXIT_TARGET
+                    if not self.keep_going:
+                        break
+        except KeyboardInterrupt:
+            self.console.print("matrix interrupted: every process stopped; finished cells are kept (resume with --resume)")
+            exit_code = EXIT_INTERRUPTED
+        analysis = self._write_matrix()
+        return MatrixResult(self.path, analysis, exit_code)
+
+    def _cell_report(self, run_dir: Path) -> None:
+        from repro.report import render_report
+
+        try:
+            render_report([run_dir], run_dir / RUN_REPORT)
+        except ReproError as err:
+            self.console.print(Text(f"  no report for {run_dir.name}: {err}"))
+
+    def _run_one(self, run: PlannedRun) -> CellRun:
+        from repro.runner import RunOptions, execute_run  # the load layer
+
+        log_dir = self.path / LOGS / run.key
+        launch = resolve(self.spec, run, log_dir=log_dir)
+        load = dict(self.spec.load)
+        load.update(
+            base_url=f"{launch.url}/v1",
+            out=str(self.path / CELLS / run.key),
+            name=f"{slug(self.spec.name)}-{run.key}",
+            seed=int(load.get("seed", 0)) + run.replicate - 1,
+        )
+        options = RunOptions.model_validate(load)
+        base = dict(key=run.key, cell=run.cell.as_dict(), replicate=run.replicate, order=run.order, launch=describe(launch))
+        self.console.print(
+            Text(f"[{run.order + 1}/{len(self.runs)}] cell {run.cell.name} replicate {run.replicate}: launching")
+        )
+        started = time.monotonic()
+        try:
+            with CellDeployment(launch, log_dir, cell=run.key) as confirmation:
+                if confirmation.unconfirmed:
+                    self.console.print(
+                        Text(f"  no /server_info on {', '.join(confirmation.unconfirmed)}: configuration not confirmed")
+                    )
+                result = execute_run(options, console=self.console, live=False)
+        except TargetError as err:
+            return CellRun(status="failed", message=str(err), duration_s=time.monotonic() - started, **base)
+        if result.summary.interrupted:
+            raise KeyboardInterrupt
+        return CellRun(
+            status="finished",
+            counts=dict(result.summary.counts),
+            wedged=result.summary.wedged,
+            run_dir=f"{CELLS}/{run.key}",
+            server_info=confirmation.server_info,
+            unconfirmed=confirmation.unconfirmed,
+            duration_s=time.monotonic() - started,
+            **base,
+        )
+
+    def _show(self, run: PlannedRun, record: CellRun) -> None:
+        if record.status == "failed":
+            self.console.print(Text(f"  cell {run.key} failed: {record.message}", style="red"))
+        table = Table(title=f"tallies after {len(self.records)} of {len(self.runs)} runs", title_justify="left")
+        for column in ("cell", "runs", "corrupt", "clean", "timeout", "error", "wedged"):
+            table.add_column(column, justify="left" if column == "cell" else "right")
+        for key, counts in cell_counts(list(self.records.values())).items():
+            runs = sum(r.status == "finished" and tuple(r.cell.items()) == key for r in self.records.values())
+            table.add_row(
+                Text(Cell(key).name),
+                *(str(v) for v in (runs, counts.corrupt, counts.clean, counts.timeout, counts.error, counts.wedged)),
+            )
+        self.console.print(table)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def run_matrix(
+    spec_path: Path,
+    *,
+    out: Path | None = None,
+    resume: bool = False,
+    keep_going: bool = False,
+    variables: dict[str, str] | None = None,
+    console: Console | None = None,
+) -> MatrixResult:
+    """`repro matrix`: load the spec, run (or resume) every cell, analyse, write matrix.json and the reports."""
+    if resume and out is None:
+        raise UsageError("--resume needs --out: the matrix directory to continue")
+    spec = load_spec(spec_path, variables)
+    console = console or Console(stderr=True, highlight=False)
+    path = out or default_dir(spec)
+    runner = MatrixRunner(
+        spec, Path(spec_path).read_text(encoding="utf-8"), path, resume=resume, keep_going=keep_going, console=console
+    )
+    # SIGTERM (a CI job cancelled, `kill`) tears down like Ctrl-C: servers run in their own process groups
+    # and would outlive the harness otherwise.
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        result = runner.run()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    write_reports(path, result.analysis, list(spec.factors), list(runner.records.values()))
+    console.print(Text(result.analysis.verdict or "No finished cells: no verdict."))
+    console.print(Text(f"matrix: {path} (matrix.json, report.html)"))
+    return result
