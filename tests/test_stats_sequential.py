@@ -51,7 +51,7 @@ def test_paired_decisions() -> None:
 
 @pytest.mark.parametrize(
     ("kwargs", "match"),
-    [({"p1": 0.4}, "p1"), ({"alpha": 0.0}, "alpha"), ({"max_n": 0}, "max_n"), ({"beta": 1.0}, "beta")],
+    [({"p1": 0.4}, "p1"), ({"p0": 0.95}, "p0"), ({"alpha": 0.0}, "alpha"), ({"max_n": 0}, "max_n"), ({"beta": 1.0}, "beta")],
 )
 def test_paired_rejects_bad_arguments(kwargs: dict, match: str) -> None:
     with pytest.raises(UsageError, match=match):

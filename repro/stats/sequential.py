@@ -67,8 +67,8 @@ def paired_sequential(
         if count < 0:
             raise UsageError(f"{name} must be at least 0, got {count}")
     _check_sequential(alpha, beta, max_n)
-    if not 0.5 < p1 < 1.0 or p0 != 0.5:
-        raise UsageError(f"need 0.5 < p1 < 1 and p0 = 0.5 (no difference), got p1={p1}, p0={p0}")
+    if not 0.0 < p0 < p1 < 1.0:
+        raise UsageError(f"need 0 < p0 < p1 < 1 (p0 = 0.5 is 'no difference'), got p0={p0}, p1={p1}")
     upper, lower = _wald_boundaries(alpha / 2 if two_sided else alpha, beta)
     favour, against = math.log(p1 / p0), math.log((1 - p1) / (1 - p0))
     llr_a = discordant_a * favour + discordant_b * against
