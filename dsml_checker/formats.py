@@ -13,9 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 SENTINEL = "｜DSML｜"
-BOS = "<｜begin▁of▁sentence｜>"
 EOS = "<｜end▁of▁sentence｜>"
-THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
 V3_CALLS_BEGIN = "<｜tool▁calls▁begin｜>"
 V3_CALLS_END = "<｜tool▁calls▁end｜>"

@@ -20,6 +20,7 @@ _NONZERO_RE = re.compile(rb"[^\0]")
 _FILLER = frozenset(" \t\r\n-=_*#~.:|+/\\")  # whitespace and Markdown rulers repeat legitimately
 _SEPARATOR = b"\xff"  # never valid UTF-8, so no loop runs across two fields
 _PLAIN = bytes(range(0x20, 0x7F)) + b"\t\n\r"
+_CONTINUATION = bytes(range(0x80, 0xC0))
 _RARE_RE = re.compile(
     "[\ufffd\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ue000-\uf8ff\ufff0-\ufffc\u200b-\u200f\u2060-\u2064\ufeff"
     "\U000f0000-\U0010ffff]{3,}"
@@ -54,7 +55,8 @@ def _loop_regions(raw: bytes) -> Iterator[tuple[int, int]]:
 
 
 def _chars(encoded: bytes, offset: int) -> int:
-    return len(encoded[:offset].decode("utf-8", "ignore"))
+    """Characters in the first `offset` bytes: every character has exactly one non-continuation byte."""
+    return len(encoded[:offset].translate(None, _CONTINUATION))
 
 
 def scan_soft(fields: Sequence[tuple[str, str]]) -> list[Finding]:
