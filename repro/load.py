@@ -8,12 +8,14 @@ flight; they are reported through the same callback as `interrupted`.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import signal
 import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import anyio
 
@@ -23,6 +25,7 @@ if TYPE_CHECKING:
     from repro.session import Session
 
 LAG_INTERVAL_S = 0.05
+GC_THRESHOLDS = (20_000, 20, 100)
 
 
 @dataclass
@@ -65,6 +68,26 @@ class LagSampler:
             before = time.perf_counter()
             await anyio.sleep(self.interval)
             self.samples.append(max(0.0, time.perf_counter() - before - self.interval))
+
+
+@contextlib.contextmanager
+def _steady_gc() -> Iterator[None]:
+    """Fewer, smaller garbage collections while the load runs.
+
+    With hundreds of sessions the default thresholds ran a collection every few milliseconds, and
+    full collections over the whole heap (imported modules included) paused the event loop for a
+    third of a second, which the lag sampler then reported as client distortion. Objects alive at
+    the start are frozen out of collection; young garbage is still collected, just in larger batches.
+    """
+    before = gc.get_threshold()
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*before)
+        gc.unfreeze()
 
 
 async def _watch_signals(scope: anyio.CancelScope, stop: Callable[[], None]) -> None:
@@ -123,18 +146,19 @@ async def run_load(
         nonlocal interrupted
         interrupted = True
 
-    async with anyio.create_task_group() as outer:
-        outer.start_soon(sampler.run)
-        if handle_signals and threading.current_thread() is threading.main_thread():
-            outer.start_soon(_watch_signals, outer.cancel_scope, stop)
-        async with anyio.create_task_group() as group:
-            for index in range(sessions):
-                if ramp_up > 0 and sessions > 1:
-                    delay = start + ramp_up * index / sessions - time.perf_counter()
-                    if delay > 0:
-                        await anyio.sleep(delay)
-                group.start_soon(one, index)
-        outer.cancel_scope.cancel()
+    with _steady_gc():
+        async with anyio.create_task_group() as outer:
+            outer.start_soon(sampler.run)
+            if handle_signals and threading.current_thread() is threading.main_thread():
+                outer.start_soon(_watch_signals, outer.cancel_scope, stop)
+            async with anyio.create_task_group() as group:
+                for index in range(sessions):
+                    if ramp_up > 0 and sessions > 1:
+                        delay = start + ramp_up * index / sessions - time.perf_counter()
+                        if delay > 0:
+                            await anyio.sleep(delay)
+                    group.start_soon(one, index)
+            outer.cancel_scope.cancel()
     for index in sorted(in_flight):
         finish(in_flight[index].interrupted())
     return LoadResult(interrupted=interrupted, loop_lag_s=sampler.samples, duration_s=time.perf_counter() - start)
