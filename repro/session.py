@@ -163,6 +163,8 @@ class Session:
             self.wedged = self.wedged or result.status == "stalled"
             self.failure = "error" if result.status == "error" else "timeout"
             self.error = result.error
+            if result.status == "timeout" and budget < config.turn_timeout:
+                self.error = f"session budget of {config.timeout:g}s used up during turn {index}"
             self._add(record, result)
             return False
         verdict = check(result.message, finish_reason=result.finish_reason, tools=config.tools, tool_choice=workload.tool_choice)

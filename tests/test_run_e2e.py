@@ -141,6 +141,7 @@ def test_session_budget_gives_timeouts_with_clean_turn_counts(faulty: str, tmp_p
         assert session.clean_turns >= 1
         assert session.clean_turns == sum(1 for t in session.turns if t.verdict == "clean")
         assert session.turns[-1].status == "timeout"
+        assert session.error is not None and session.error.startswith("session budget of 1.9s used up")
     summary = result.summary
     assert summary.counts["timeout"] == 3 and summary.corruption_rate.n == 0
     assert summary.worst_case is not None and summary.worst_case.n == 3
