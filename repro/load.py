@@ -33,7 +33,6 @@ class LoadProgress:
     """Live counters for the display; updated by the load generator only."""
 
     planned: int
-    started: int = 0
     in_flight: int = 0
     turns: int = 0
     outcomes: Counter[str] = field(default_factory=Counter)
@@ -133,7 +132,6 @@ async def run_load(
             session = make_session(index)
             session.on_turn = count_turn
             in_flight[index] = session
-            progress.started += 1
             progress.in_flight += 1
             try:
                 record = await session.run()

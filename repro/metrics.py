@@ -46,9 +46,6 @@ class MetricsScraper:
         self.url = url
         self.path = Path(path)
         self.interval = interval
-        self.scrapes = 0
-        self.available: bool | None = None
-        """None until the first attempt; False when the target has no usable /metrics."""
 
     async def scrape_once(self, origin: float) -> bool:
         try:
@@ -65,13 +62,11 @@ class MetricsScraper:
             if new:
                 writer.writerow(HEADER)
             writer.writerows((elapsed, name, labels, value) for name, labels, value in rows)
-        self.scrapes += 1
         return True
 
     async def run(self, origin: float) -> None:
         """Scrape until cancelled; stop for good if the very first scrape finds no metrics."""
-        self.available = await self.scrape_once(origin)
-        if not self.available:
+        if not await self.scrape_once(origin):
             return
         while True:
             await anyio.sleep(self.interval)

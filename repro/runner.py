@@ -252,6 +252,9 @@ async def _drive(
             options.sessions, concurrency, make_session, on_finish, ramp_up=options.ramp_up, progress=progress
         )
         group.cancel_scope.cancel()
+        if not result.interrupted:
+            # The counters as the run ends, whatever the scrape interval left out.
+            await scraper.scrape_once(origin)
     return records, result.interrupted, result.loop_lag_s, result.duration_s
 
 
