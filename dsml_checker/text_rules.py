@@ -32,18 +32,21 @@ _V3_RE = re.compile(
 _CONTROL_TOKEN_RE = re.compile(
     rf"<[ \t]*{_BAR}[ \t]*(?:end[▁_ ]of[▁_ ]sentence|begin[▁_ ]of[▁_ ]sentence|user|assistant|system)[ \t]*{_BAR}[ \t]*>", re.I
 )
-_THINK_RE = re.compile(r"</?think>")
 _PLACEHOLDER_RE = re.compile(r"\$(?:TOOL_NAME|PARAMETER_NAME|PARAMETER_VALUE)")
-# The string= attribute is DeepSeek's own, so that shape counts even when no tools were offered.
-_XML_DEEPSEEK_RE = re.compile(r"<parameter\s+name\s*=[^<>]*?\bstring\s*=")
-_XML_TOOLS_RE = re.compile(r"</?function_calls>|<invoke\s+name\s*=|</invoke>|<function>\s*<name>")
+# Everything that starts at a "<" in one pass: DeepSeek's parameter tag with its string= attribute (counts even
+# when no tools were offered), other XML tool tags, think tags, and a bar right after "<" (special tokens).
+_LT_RE = re.compile(
+    r"<(?:(parameter\s+name\s*=[^<>]*?\bstring\s*=)|(/?function_calls>|invoke\s+name\s*=|/invoke>|function>\s*<name>)"
+    r"|(/?think>)|([ \t]*[｜|‖]))"
+)
+# In ASCII text a sentinel needs "|", optional blanks, then DSML in any case: one pass instead of lower().
+_ASCII_SENTINEL_RE = re.compile(r"\|[ \t]*[dD][sS][mM][lL]")
 _INVOKE_ATTRS_RE = re.compile(r'\s+name="[^"“”]*"\s*/?')
 _PARAM_ATTRS_RE = re.compile(r'\s+name="[^"“”]*"\s+string="(?:true|false)"\s*')
 _PARAM_NAME_RE = re.compile(r'name="([^"]*)"')
 # Written "``*", not "`+": a pattern that opens with a plain literal lets `re` skip ahead to it, and the
 # difference is tenfold on long text. The same reason puts cheap gates before the other patterns.
 _BACKTICKS_RE = re.compile(r"``*")
-_LT_BAR_RE = re.compile(r"<[ \t]*[｜|‖]")
 
 _DUP_MIN = 40
 _DUP_LINE_MIN = 16
@@ -258,17 +261,37 @@ def _duplicated(text: str) -> tuple[int, int] | None:
     return None
 
 
-def _control_tokens(text: str, *, has_lt: bool, lt_bar: bool, reasoning: bool) -> list[re.Match[str]]:
-    """Leaked template tokens (rule 6); reasoning may open with <think>, only </think> is foreign there."""
-    found: list[re.Match[str]] = []
-    if has_lt:
-        if lt_bar:
-            found.extend(_CONTROL_TOKEN_RE.finditer(text))
-        if "think>" in text:
-            found.extend(m for m in _THINK_RE.finditer(text) if not (reasoning and m.group(0) == "<think>"))
-    if "$" in text:
-        found.extend(_PLACEHOLDER_RE.finditer(text))
-    return sorted(found, key=lambda m: m.start())
+def _scan_angles(text: str, out: _Collector, *, reasoning: bool, tools_offered: bool) -> None:
+    """Rules anchored on "<": truncated tags, XML tool tags, special and control tokens, think tags."""
+    tail_at = text.rfind("<")
+    if ">" not in text[tail_at:] and _TRUNCATED_RE.fullmatch(text, tail_at):
+        out.add("truncated-tag", tail_at, len(text))
+    xml: re.Match[str] | None = None
+    controls: list[re.Match[str]] = []
+    bar = False
+    for m in _LT_RE.finditer(text):
+        deepseek, other, think, lt_bar = m.groups()
+        if (deepseek or (other and tools_offered)) and xml is None:
+            xml = m
+        elif think and not (reasoning and think == "think>"):
+            # Reasoning may open with <think>; only </think> is foreign there.
+            controls.append(m)
+        elif lt_bar:
+            bar = True
+    if xml is not None:
+        out.add("xml-tool-tags", xml.start(), xml.end())
+    if bar:
+        m = _V3_RE.search(text)
+        if m is not None:
+            out.add("v3-special-tokens", m.start(), m.end())
+        controls.extend(_CONTROL_TOKEN_RE.finditer(text))
+    _add_controls(controls, out)
+
+
+def _add_controls(found: list[re.Match[str]], out: _Collector) -> None:
+    for m in sorted(found, key=lambda m: m.start()):
+        if out.add("control-token-leak", m.start(), m.end()):
+            return
 
 
 def scan_text(text: str, field: str, *, reasoning: bool, tools_offered: bool) -> TextScan:
@@ -276,32 +299,17 @@ def scan_text(text: str, field: str, *, reasoning: bool, tools_offered: bool) ->
     out = _Collector(text, field)
     if not text:
         return TextScan(out.findings, False)
-    has_lt = "<" in text
-    # Every sentinel and special token has a bar; prose without one skips the case-folded copy.
-    has_bar = "|" in text or (not text.isascii() and ("｜" in text or "‖" in text))
-    low = text.lower() if has_bar else ""
-    if "dsml" in low:
-        _scan_dsml(text, low, out)
-    if has_lt:
-        tail_at = text.rfind("<")
-        if ">" not in text[tail_at:] and _TRUNCATED_RE.fullmatch(text, tail_at):
-            out.add("truncated-tag", tail_at, len(text))
-        m = _XML_DEEPSEEK_RE.search(text)
-        if m is None and tools_offered:
-            m = _XML_TOOLS_RE.search(text)
-        if m is not None:
-            out.add("xml-tool-tags", m.start(), m.end())
-        # Special tokens open with "<" and a bar; most prose has neither next to the other.
-        lt_bar = has_bar and _LT_BAR_RE.search(text) is not None
-        if lt_bar and "tool" in low:
-            m = _V3_RE.search(text)
-            if m is not None:
-                out.add("v3-special-tokens", m.start(), m.end())
+    if text.isascii():
+        if _ASCII_SENTINEL_RE.search(text) is not None:
+            _scan_dsml(text, text.lower(), out)
     else:
-        lt_bar = False
-    for m in _control_tokens(text, has_lt=has_lt, lt_bar=lt_bar, reasoning=reasoning):
-        if out.add("control-token-leak", m.start(), m.end()):
-            break
+        low = text.lower()
+        if "dsml" in low:
+            _scan_dsml(text, low, out)
+    if "<" in text:
+        _scan_angles(text, out, reasoning=reasoning, tools_offered=tools_offered)
+    if "$" in text:
+        _add_controls(list(_PLACEHOLDER_RE.finditer(text)), out)
     if len(text) >= 2 * _DUP_MIN:
         span = _duplicated(text)
         if span is not None:
