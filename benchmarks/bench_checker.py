@@ -108,24 +108,32 @@ def corrupt_turns(rng: random.Random, n: int) -> list[tuple[dict[str, Any], str]
     return turns
 
 
-def measure(turns: list[tuple[dict[str, Any], str]], seconds: float) -> tuple[float, float]:
-    """Verdicts per wall-clock second and per CPU second of this process (robust to other load on the box)."""
-    done = 0
-    start, cpu_start = time.perf_counter(), time.process_time()
-    deadline = start + seconds
+def _yardstick() -> None:
+    sum(range(20_000))
+
+
+def measure(turns: list[tuple[dict[str, Any], str]], seconds: float) -> tuple[float, float, float]:
+    """Verdicts per wall second, per CPU second of this process, and the CPU cost of one verdict in yardsticks.
+
+    A yardstick (a fixed pure-Python loop) runs between passes, so a verdict's cost is measured against the
+    speed the core had at that very moment: the ratio holds still while other work on the machine comes and goes.
+    """
+    done = yardsticks = 0
+    check_cpu = yard_cpu = wall = 0.0
+    deadline = time.perf_counter() + seconds
     while time.perf_counter() < deadline:
+        w0, c0 = time.perf_counter(), time.process_time()
         for message, finish in turns:
             check(message, finish_reason=finish, tools=TOOLS)
+        c1 = time.process_time()
+        wall += time.perf_counter() - w0
+        check_cpu += c1 - c0
         done += len(turns)
-    return done / (time.perf_counter() - start), done / (time.process_time() - cpu_start)
-
-
-def reference_cost(rounds: int = 50) -> float:
-    """CPU seconds of a fixed pure-Python loop: a yardstick for how fast this core is right now."""
-    start = time.process_time()
-    for _ in range(rounds):
-        sum(range(20_000))
-    return (time.process_time() - start) / rounds
+        for _ in range(5):
+            _yardstick()
+        yard_cpu += time.process_time() - c1
+        yardsticks += 5
+    return done / wall, done / check_cpu, (check_cpu / done) / (yard_cpu / yardsticks)
 
 
 def main() -> None:
@@ -146,12 +154,15 @@ def main() -> None:
     rng.shuffle(even)
     size = sum(len(json.dumps(m, ensure_ascii=False)) for m, _ in even) / len(even)
     print(f"mean message size: {size:.0f} bytes (JSON); load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
-    ref = reference_cost()
-    print(f"yardstick: sum(range(20000)) costs {ref * 1e6:.0f} µs of CPU here (a verdict is quoted in these units too)")
+    start = time.process_time()
+    for _ in range(20):
+        _yardstick()
+    yard_us = (time.process_time() - start) / 20 * 1e6
+    print(f"yardstick: sum(range(20000)), {yard_us:.0f} µs of CPU here at the start")
     print(f"{'turns':14s} {'wall verdicts/s':>16s} {'CPU verdicts/s':>16s} {'yardsticks/verdict':>19s}")
     for name, turns in (("clean", clean), ("corrupt", corrupt), ("mix 85/15", realistic), ("mix 50/50", even)):
-        wall, cpu = measure(turns, opts.seconds)
-        print(f"{name:14s} {wall:16,.0f} {cpu:16,.0f} {1 / (cpu * ref):19.3f}")
+        wall, cpu, cost = measure(turns, opts.seconds)
+        print(f"{name:14s} {wall:16,.0f} {cpu:16,.0f} {cost:19.3f}")
 
 if __name__ == "__main__":
     main()
