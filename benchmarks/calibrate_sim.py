@@ -11,6 +11,7 @@ fp8 index-K and the index-K gate corrupt none.
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import shlex
 import subprocess
@@ -46,7 +47,19 @@ def run_once(name: str, sessions: int, sim_args: list[str], seed: int, workdir: 
     summary = json.loads((out / "summary.json").read_text())
     logged = faults.read_text().splitlines() if faults.exists() else []
     return {"counts": summary["counts"], "faults": len(logged),
-            "fault_sessions": len({json.loads(line)["conversation"] for line in logged}), "wall_s": wall}
+            "fault_sessions": len({json.loads(line)["conversation"] for line in logged}), "wall_s": wall,
+            "run_s": summary["duration_s"], "ttft_p50": summary["latency"]["ttft_s"]["p50"], **_server_totals(out)}
+
+
+def _server_totals(run_dir: Path) -> dict[str, float]:
+    """The last scrape of the simulator's counters that `repro run` recorded in metrics.csv."""
+    last: dict[str, float] = {}
+    with open(run_dir / "metrics.csv", encoding="utf-8") as fh:
+        for row in csv.DictReader(fh):
+            last[row["metric"]] = float(row["value"])
+    prompt = last.get("sglang:prompt_tokens_total", 0.0)
+    return {"hit_rate": last.get("sglang:cached_tokens_total", 0.0) / prompt if prompt else 0.0,
+            "load_back": last.get("sglang:load_back_tokens_total", 0.0)}
 
 
 def main() -> None:
@@ -56,16 +69,18 @@ def main() -> None:
     options = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="calibrate-sim-") as tmp:
         workdir = Path(tmp)
-        print(f"{'configuration':32} {'seed':>4} {'clean':>5} {'corrupt':>7} {'timeout':>7} {'error':>5} "
-              f"{'faults':>6} {'f.sess':>6} {'wall s':>6}")
+        print(f"{'configuration':30} {'seed':>4} {'clean':>5} {'corrupt':>7} {'timeout':>7} {'error':>5} "
+              f"{'faults':>6} {'f.sess':>6} {'hit':>5} {'loadback':>8} {'ttft50':>6} {'run s':>5} {'wall s':>6}")
         for name, (sessions, sim_args) in CONFIGS.items():
             if options.only and name not in options.only:
                 continue
             for seed in range(options.repeat):
                 row = run_once(name, sessions, sim_args, seed, workdir)
                 counts = row["counts"]
-                print(f"{name:32} {seed:>4} {counts['clean']:>5} {counts['corrupt']:>7} {counts['timeout']:>7} "
-                      f"{counts['error']:>5} {row['faults']:>6} {row['fault_sessions']:>6} {row['wall_s']:>6.1f}", flush=True)
+                print(f"{name:30} {seed:>4} {counts['clean']:>5} {counts['corrupt']:>7} {counts['timeout']:>7} "
+                      f"{counts['error']:>5} {row['faults']:>6} {row['fault_sessions']:>6} {row['hit_rate']:>5.2f} "
+                      f"{row['load_back']:>8.0f} {row['ttft_p50']:>6.2f} {row['run_s']:>5.1f} {row['wall_s']:>6.1f}",
+                      flush=True)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import itertools
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Callable
@@ -25,6 +24,13 @@ from repro.sim.config import SimConfig
 
 CHARS_PER_TOKEN = 4
 """The simulator's tokenizer: a token is four characters of rendered prompt or completion."""
+OUTPUT_ALLOWANCE = 512
+"""Tokens reserved for a request's output when it is admitted."""
+
+
+def context_length(config: SimConfig) -> int:
+    """The longest prompt the device pool can hold with everything else evicted."""
+    return config.max_total_tokens - 2 * OUTPUT_ALLOWANCE
 
 
 @dataclass(frozen=True)
@@ -48,7 +54,7 @@ class Costs:
     main_kv_bytes: int = 656
     """Per token and layer: MLA latent + rope, fp8."""
     index_k_bytes_fp8: int = 132
-    link_bytes_per_s: float = 1.8e9
+    link_bytes_per_s: float = 1.9e9
     """Effective host-to-device rate of page-scattered layer copies, far below the PCIe peak."""
     tokens_per_step: int = 8
     """Tokens each running request gains per decode step: streams get chunks of several tokens."""
@@ -182,7 +188,6 @@ class Counters:
     requests: int = 0
     aborted: int = 0
     cuda_graph_passes: int = 0
-    races: int = 0
 
 
 class Engine:
@@ -201,7 +206,6 @@ class Engine:
         self.now = 0.0
         self.counters = Counters()
         self._wake = asyncio.Event()
-        self._steps = itertools.count()
 
     # --- public interface -------------------------------------------------------------------
 
@@ -270,14 +274,12 @@ class Engine:
         while self.waiting and len(self.running) + len(batch) < self.config.max_running_requests:
             request = self.waiting[0]
             on_device, on_host = self.cache.match(request.pages)
-            if not self.config.enable_hierarchical_cache:
-                on_host = []
             reused = len(on_device) + len(on_host)
             extend = request.prompt_tokens - reused * page
             if batch and extend > budget:
                 break
             # Room for the pages it loads back, its uncached prompt and an output allowance.
-            reserve = -(-(extend + 512) // page)
+            reserve = -(-(extend + OUTPUT_ALLOWANCE) // page)
             self.cache.pin(on_device)
             self.cache.evict(len(on_host) + reserve, self._free_pages)
             if self._free_pages() < len(on_host) + reserve:
@@ -318,10 +320,7 @@ class Engine:
             self.counters.prompt_tokens += request.prompt_tokens
             self.counters.cached_tokens += request.cached_tokens
             self.counters.load_back_tokens += request.load_back_tokens
-            race = races.get(id(request))
-            if race is not None:
-                self.counters.races += 1
-            request.output_tokens = max(1, request.on_prefilled(race))
+            request.output_tokens = max(1, request.on_prefilled(races.get(id(request))))
             self.running.append(request)
         # The prefill's forward emits every request's first token.
         for request in batch:

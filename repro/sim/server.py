@@ -23,14 +23,13 @@ from starlette.routing import Route
 from dsml_checker import check
 from repro.sim.config import SimConfig, server_info
 from repro.sim.corrupt import damage
-from repro.sim.engine import Engine, EngineRequest, Race, count_tokens, page_keys
+from repro.sim.engine import Engine, EngineRequest, Race, context_length, count_tokens, page_keys
 from repro.sim.faults import FaultLog, FaultRecord
 from repro.sim.metrics import SimMetrics
 from repro.sim.model import answer, assistant_turns, conversation_key, rng_for
 from repro.sim.parser import ParsedOutput, parse_output, tools_enabled
 from repro.sim.protocol import ChatRequest, Reply, StreamCursor, error_body, now_s, render_prompt
 
-CONTEXT_LENGTH = 131_072
 READY_BANNER = "The server is fired up and ready to roll!"
 
 
@@ -152,7 +151,7 @@ def create_app(config: SimConfig) -> Starlette:
     async def models(request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [
             {"id": config.served_model_name, "object": "model", "created": 0, "owned_by": "sglang",
-             "root": config.model_path, "max_model_len": CONTEXT_LENGTH}]})
+             "root": config.model_path, "max_model_len": context_length(config)}]})
 
     async def info(request: Request) -> Response:
         return JSONResponse(server_info(config))
@@ -190,9 +189,9 @@ def create_app(config: SimConfig) -> Starlette:
         if chat_request.model not in (None, "default", config.served_model_name):
             return _error(f"The model {chat_request.model!r} does not exist.", 404, param="model")
         prompt = render_prompt(chat_request)
-        if count_tokens(prompt) > CONTEXT_LENGTH:
-            return _error(f"The prompt has {count_tokens(prompt)} tokens; the context length is {CONTEXT_LENGTH}.", 400,
-                          param="messages")
+        if count_tokens(prompt) > context_length(config):
+            return _error(f"The prompt has {count_tokens(prompt)} tokens; the context length is {context_length(config)}.",
+                          400, param="messages")
         request_id = "chatcmpl-" + secrets.token_hex(12)
         engine_request, pending = sim.generate(chat_request, request_id, prompt)
         if chat_request.stream:
