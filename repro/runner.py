@@ -266,8 +266,13 @@ def _versions() -> dict[str, str]:
     }
 
 
-def execute_run(options: RunOptions, *, console: Console | None = None, live: bool = True) -> RunResult:
-    """Run the whole job; TargetError (exit 3) when the target is unreachable or serves no model."""
+def execute_run(
+    options: RunOptions, *, console: Console | None = None, live: bool = True, report: bool = True
+) -> RunResult:
+    """Run the whole job; TargetError (exit 3) when the target is unreachable or serves no model.
+
+    `report=False` skips `report.html` (a caller that renders reports itself, such as the matrix).
+    """
     console = console or Console()
     loaded = load_workload(options.workload)
     headers = _headers(options)
@@ -328,7 +333,8 @@ def execute_run(options: RunOptions, *, console: Console | None = None, live: bo
         summary, gate_code = _gate(run_dir, summary, options.max_corruption_rate, writer, console)
         exit_code = exit_code if interrupted else gate_code
     console.print(final_view(summary, run_dir))
-    _report(run_dir, console)
+    if report:
+        _report(run_dir, console)
     return RunResult(path=run_dir, summary=summary, exit_code=exit_code)
 
 
