@@ -140,6 +140,7 @@ def _check_consistency(
         findings.append(_whole(rule, "tool_choice", json.dumps(tool_choice, default=str)))
     return findings
 
+
 def check(message: Any, *, finish_reason: str | None = None, tools: Any = None, tool_choice: Any = None) -> Verdict:
     """Judge one assistant message (`content`, `reasoning_content`, `tool_calls`) and its finish reason.
 

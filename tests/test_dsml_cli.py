@@ -127,10 +127,14 @@ def test_terminal_control_characters_in_model_text_are_escaped() -> None:
 def test_a_closed_pipe_ends_quietly() -> None:
     rows = "".join(json.dumps({"message": {"content": f"answer {i}"}}) + "\n" for i in range(20000))
     reader = subprocess.Popen(["head", "-n", "1"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-    writer = subprocess.run([*COMMAND, "-"], input=rows.encode(), stdout=reader.stdin, stderr=subprocess.PIPE, timeout=120)
-    reader.stdin.close()
-    first = reader.stdout.read()
-    reader.wait(timeout=30)
+    try:
+        writer = subprocess.run([*COMMAND, "-"], input=rows.encode(), stdout=reader.stdin, stderr=subprocess.PIPE, timeout=120)
+        reader.stdin.close()
+        first = reader.stdout.read()
+        reader.wait(timeout=30)
+    finally:
+        reader.kill()
+        reader.wait(timeout=30)
     assert json.loads(first)["label"] == "clean"
     assert writer.returncode == 0
     assert b"Traceback" not in writer.stderr
