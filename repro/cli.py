@@ -133,16 +133,19 @@ def run_command(
 @app.command("matrix")
 def matrix_command(
     spec: Path = typer.Argument(..., help="Matrix spec (YAML), e.g. matrices/sim_hicache_bf16.yaml."),
-    out: Path | None = typer.Option(None, "--out", help="Matrix directory [reports/<timestamp>-matrix-<name>/]."),
+    out: Path | None = typer.Option(None, "--out", help="Matrix directory (default: reports/<timestamp>-matrix-<name>/)."),
     resume: bool = typer.Option(False, "--resume", help="Continue the matrix in --out: keep finished runs, rerun the rest."),
     keep_going: bool = typer.Option(False, "--keep-going", help="Go on after a cell fails to start or confirm (exit 3 at the end)."),
     var: list[str] = typer.Option([], "--var", help="Set a spec variable, NAME=VALUE (repeatable)."),
+    cell_reports: bool = typer.Option(True, "--cell-reports/--no-cell-reports", help="Render each run's report.html."),
 ) -> None:
     """Restart the deployment for every feature combination, run the same load on each, and name the cause."""
     from repro.matrix.runner import run_matrix
     from repro.matrix.spec import parse_assignments
 
-    result = run_matrix(spec, out=out, resume=resume, keep_going=keep_going, variables=parse_assignments(var))
+    result = run_matrix(
+        spec, out=out, resume=resume, keep_going=keep_going, cell_reports=cell_reports, variables=parse_assignments(var)
+    )
     raise typer.Exit(result.exit_code)
 
 

@@ -123,6 +123,7 @@ class MatrixRunner:
         *,
         resume: bool = False,
         keep_going: bool = False,
+        cell_reports: bool = True,
         console: Console | None = None,
     ) -> None:
         problems = spec.problems()
@@ -132,6 +133,7 @@ class MatrixRunner:
         self.spec = spec
         self.path = Path(path)
         self.keep_going = keep_going
+        self.cell_reports = cell_reports
         self.console = console or Console(stderr=True, highlight=False)
         self.runs = plan(spec)
         self.cell_order = [c.as_dict() for c in cells(spec)]
@@ -198,7 +200,7 @@ class MatrixRunner:
                 record = self._run_one(run)
                 self.records[run.key] = record
                 _append_progress(self.path / PROGRESS, record)
-                if record.status == "finished":
+                if record.status == "finished" and self.cell_reports:
                     self._cell_report(self.path / CELLS / run.key)
                 self._write_matrix(effects=False)
                 self._show(run, record)
@@ -285,6 +287,7 @@ def run_matrix(
     out: Path | None = None,
     resume: bool = False,
     keep_going: bool = False,
+    cell_reports: bool = True,
     variables: dict[str, str] | None = None,
     console: Console | None = None,
 ) -> MatrixResult:
@@ -295,7 +298,13 @@ def run_matrix(
     console = console or Console(stderr=True, highlight=False)
     path = out or default_dir(spec)
     runner = MatrixRunner(
-        spec, Path(spec_path).read_text(encoding="utf-8"), path, resume=resume, keep_going=keep_going, console=console
+        spec,
+        Path(spec_path).read_text(encoding="utf-8"),
+        path,
+        resume=resume,
+        keep_going=keep_going,
+        cell_reports=cell_reports,
+        console=console,
     )
     # SIGTERM (a CI job cancelled, `kill`) tears down like Ctrl-C: servers run in their own process groups
     # and would outlive the harness otherwise.

@@ -320,16 +320,16 @@ class MatrixSpec(_Model):
         return self.factors[factor].label or factor
 
 
-class _SpecLoader(yaml.SafeLoader):
+class SpecLoader(yaml.SafeLoader):
     """YAML 1.2 booleans: only true/false. Under YAML 1.1 a level named `off` or `on` would silently
     become a boolean key."""
 
 
-_SpecLoader.yaml_implicit_resolvers = {
+SpecLoader.yaml_implicit_resolvers = {
     first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
-_SpecLoader.add_implicit_resolver(
+SpecLoader.add_implicit_resolver(
     "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
 )
 
@@ -337,7 +337,7 @@ _SpecLoader.add_implicit_resolver(
 def line_map(text: str) -> dict[tuple, int]:
     """1-based line of every mapping key and sequence item of a YAML document, by its pydantic `loc`."""
     lines: dict[tuple, int] = {}
-    root = yaml.compose(text, Loader=_SpecLoader)
+    root = yaml.compose(text, Loader=SpecLoader)
 
     def walk(node: yaml.Node, loc: tuple) -> None:
         if isinstance(node, yaml.MappingNode):
@@ -376,7 +376,7 @@ def load_spec(path: Path | str, overrides: dict[str, str] | None = None) -> Matr
     except OSError as err:
         raise UsageError(f"{source}: cannot read matrix spec: {err.strerror or err}") from None
     try:
-        data = yaml.load(text, Loader=_SpecLoader)  # noqa: S506 - a SafeLoader subclass
+        data = yaml.load(text, Loader=SpecLoader)  # noqa: S506 - a SafeLoader subclass
         lines = line_map(text)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)

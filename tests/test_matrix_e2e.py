@@ -1,0 +1,183 @@
+"""`repro matrix` end to end: real `repro matrix` processes launching real simulator processes per cell.
+
+The simulator matrix must name HiCache as the cause and bf16 index-K as its amplifier, over several
+design seeds; Ctrl-C and errors must leave no process behind; SIGKILL must lose no finished cell.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+import yaml
+
+from repro.matrix.spec import SpecLoader
+
+ROOT = Path(__file__).resolve().parent.parent
+SIM_SPEC = ROOT / "matrices" / "sim_hicache_bf16.yaml"
+REPRO = [sys.executable, "-c", "from repro.cli import main; main()"]
+
+pytestmark = pytest.mark.slow
+
+
+def sim_spec(tmp_path: Path, name: str, **changes: Any) -> Path:
+    """The shipped simulator matrix with some sections changed, written beside the test."""
+    spec = yaml.load(SIM_SPEC.read_text(encoding="utf-8"), Loader=SpecLoader)
+    spec["load"]["workload"] = str(ROOT / "experiments" / "agentic_coding.yaml")
+    for section, values in changes.items():
+        spec[section] = {**spec.get(section, {}), **values}
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def start(args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    with open(log, "wb") as out:
+        return subprocess.Popen([*REPRO, *args], stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT)
+
+
+def poll(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def group_gone(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def launched_groups(matrix: Path) -> list[int]:
+    return [entry["pgid"] for f in matrix.glob("logs/*/processes.json") for entry in json.loads(f.read_text())]
+
+
+def progress(matrix: Path) -> list[dict[str, Any]]:
+    file = matrix / "progress.jsonl"
+    return [json.loads(line) for line in file.read_text().splitlines()] if file.exists() else []
+
+
+TINY = {"sessions": 4, "concurrency": 4, "turns": 3}
+
+
+def test_sim_matrix_names_hicache_the_cause_and_bf16_its_amplifier_over_several_seeds(tmp_path: Path) -> None:
+    # Three design seeds (run order and simulator seeds) at once: the HiCache-off cells mostly wait on
+    # the simulated clock, so the matrices overlap well on two cores.
+    seeds = [11, 22, 33]
+    procs = {}
+    for seed in seeds:
+        spec = sim_spec(tmp_path, f"seed{seed}", design={"seed": seed, "min_completed": 20, "replicates": 1},
+                        load={"sessions": 24, "concurrency": 24, "turns": 18},
+                        variables={"time_scale": "0.1", "final_after": "16"})
+        procs[seed] = start(["matrix", str(spec), "--out", str(tmp_path / f"m{seed}"), "--no-cell-reports"],
+                            tmp_path / f"m{seed}.log")
+    for seed, proc in procs.items():
+        assert proc.wait(timeout=400) == 0, (tmp_path / f"m{seed}.log").read_text()[-3000:]
+    for seed in seeds:
+        matrix = tmp_path / f"m{seed}"
+        result = json.loads((matrix / "matrix.json").read_text())
+        verdicts = {f["factor"]: f["verdict"] for f in result["factors"]}
+        detail = f"seed {seed}: {result['verdict']} cells={[(c['name'], c['counts']) for c in result['cells']]}"
+        assert verdicts == {"hicache": "causes", "index_k": "widens"}, detail
+        assert result["verdict"].startswith("HiCache on (vs off) causes corruption"), detail
+        assert "bf16 index-K bf16 (vs fp8) widens it: with HiCache on" in result["verdict"], detail
+        off = [c for c in result["cells"] if c["levels"]["hicache"] == "off"]
+        assert all(c["counts"]["corrupt"] == 0 and c["counts"]["clean"] > 0 for c in off), detail
+        for record in progress(matrix):
+            info = record["server_info"]["server"]
+            assert info["enable_hierarchical_cache"] is (record["cell"]["hicache"] == "on")
+            assert info["index_k_dtype"] == record["cell"]["index_k"]
+        assert all(group_gone(g) for g in launched_groups(matrix))
+        assert (matrix / "report.html").exists() and (matrix / "junit.xml").exists()
+
+
+def test_sigint_mid_cell_stops_every_process_and_keeps_what_finished(tmp_path: Path) -> None:
+    spec = sim_spec(tmp_path, "int", load={**TINY, "sessions": 40, "concurrency": 2, "turns": 18})
+    matrix = tmp_path / "m"
+    proc = start(["matrix", str(spec), "--out", str(matrix), "--no-cell-reports"], tmp_path / "m.log")
+    try:
+        poll(lambda: any(matrix.glob("cells/*/sessions.jsonl")), 60, "the first cell's load to start")
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 130, (tmp_path / "m.log").read_text()[-2000:]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    groups = [proc.pid, *launched_groups(matrix)]
+    assert len(groups) >= 2
+    poll(lambda: all(group_gone(g) for g in groups), 15, "every process group to end")
+    assert "interrupted" in (tmp_path / "m.log").read_text()
+    assert (matrix / "matrix.json").exists() and progress(matrix) == []
+
+
+def test_resume_after_sigkill_loses_no_finished_cell(tmp_path: Path) -> None:
+    spec = sim_spec(tmp_path, "kill", load=TINY, variables={"time_scale": "0", "final_after": "2"})
+    matrix = tmp_path / "m"
+    proc = start(["matrix", str(spec), "--out", str(matrix), "--no-cell-reports"], tmp_path / "m.log")
+    try:
+        poll(lambda: len(progress(matrix)) >= 1 and len(list(matrix.glob("logs/*/processes.json"))) >= 2, 90,
+             "one finished cell and the next launched")
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+    finished = {r["key"]: r for r in progress(matrix)}
+    stamps = {key: (matrix / "cells" / key / "summary.json").stat().st_mtime_ns for key in finished}
+    resumed = start(["matrix", str(spec), "--out", str(matrix), "--resume", "--no-cell-reports"], tmp_path / "r.log")
+    assert resumed.wait(timeout=180) == 0, (tmp_path / "r.log").read_text()[-2000:]
+    for key, stamp in stamps.items():
+        assert (matrix / "cells" / key / "summary.json").stat().st_mtime_ns == stamp, f"{key} was rerun"
+    result = json.loads((matrix / "matrix.json").read_text())
+    assert result["runs"] == {"planned": 4, "finished": 4, "failed": 0}
+    assert sum(c["counts"]["clean"] + c["counts"]["corrupt"] for c in result["cells"]) == 16
+    assert all(group_gone(g) for g in launched_groups(matrix))
+
+
+def test_configuration_mismatch_stops_the_matrix_with_exit_3_and_nothing_running(tmp_path: Path) -> None:
+    # The seeds' lost days: a cell that claims HiCache is on, launched without the flag.
+    spec = sim_spec(tmp_path, "lie", load=TINY, variables={"time_scale": "0", "final_after": "2"})
+    data = yaml.load(spec.read_text(), Loader=SpecLoader)
+    data["factors"]["hicache"]["levels"]["on"]["flags"] = []
+    spec.write_text(yaml.safe_dump(data, sort_keys=False))
+    matrix = tmp_path / "m"
+    done = subprocess.run([*REPRO, "matrix", str(spec), "--out", str(matrix), "--no-cell-reports"],
+                          capture_output=True, text=True, timeout=180, cwd=ROOT)
+    assert done.returncode == 3, done.stderr[-2000:]
+    failed = [r for r in progress(matrix) if r["status"] == "failed"]
+    assert len(failed) == 1 and failed[0]["cell"]["hicache"] == "on"
+    assert "enable_hierarchical_cache is False, the spec asked for True" in failed[0]["message"]
+    assert "Traceback" not in done.stderr
+    assert all(group_gone(g) for g in launched_groups(matrix))
+    json.loads((matrix / "matrix.json").read_text())
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        ({"design": {"replicates": 0}}, "design.replicates: Input should be greater than or equal to 1"),
+        ({"load": {"sesions": 3}}, "load.sesions: Extra inputs are not permitted"),
+    ],
+)
+def test_malformed_spec_fails_with_the_field_named_and_exit_2(tmp_path: Path, change: dict, expected: str) -> None:
+    spec = sim_spec(tmp_path, "bad", **change)
+    done = subprocess.run([*REPRO, "matrix", str(spec), "--out", str(tmp_path / "m")], capture_output=True,
+                          text=True, timeout=60, cwd=ROOT)
+    assert done.returncode == 2
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith(f"repro: error: {spec}:") and expected in line
+    assert not (tmp_path / "m").exists()
+
+
+def test_resume_needs_a_matrix_directory(tmp_path: Path) -> None:
+    done = subprocess.run([*REPRO, "matrix", str(SIM_SPEC), "--resume"], capture_output=True, text=True, timeout=60,
+                          cwd=ROOT)
+    assert done.returncode == 2 and "--resume needs --out" in done.stderr
