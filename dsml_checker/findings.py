@@ -20,7 +20,7 @@ class Rule:
 RULES: dict[str, Rule] = {
     # content and reasoning_content (dsml-format.md §5, rules 1–6 and 9)
     "sentinel": Rule("hard", "the DSML sentinel ｜DSML｜ appears in text outside a code span or fence"),
-    "sentinel-variant": Rule("hard", "a garbled sentinel (ASCII, doubled or ‖ bars, spaces, other case) next to a DSML tag word"),
+    "sentinel-variant": Rule("hard", "a garbled sentinel (ASCII, doubled or ‖ bars, spaces, other case, misspelt) next to a DSML tag word"),
     "wrapper-tag": Rule("hard", "a tool-call block opener or closer, exact or misspelled, appears in text"),
     "bare-invoke": Rule("hard", "an invoke opener appears in text with no block opener before it"),
     "orphan-closer": Rule("hard", "a DSML closing tag appears in text without its opening tag"),

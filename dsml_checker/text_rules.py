@@ -24,6 +24,11 @@ _VARIANT_RE = re.compile(
     rf"{_SENT}[ \t]*(?:tool_calls|function_calls|toolcalls|tool_use|invoke|invoca|parameter|calls|tool)", re.I
 )
 # A DSML-ish tag: closing slash, tag word, attributes up to the tag's end, and its ">" when present.
+# A tag whose sentinel itself is garbled (<｜DSLM｜invoke, <|DMSL|tool_calls>): a short word between bars.
+_GARBLED_TAG_RE = re.compile(
+    rf"<[ \t]*/?[ \t]*{_BAR}[ \t]*[a-z]{{2,8}}[ \t]*{_BAR}[ \t]*(?:tool_calls|function_calls|toolcalls|tool_use|invoke|invoca|parameter|calls)",
+    re.I,
+)
 _TAG_RE = re.compile(rf"<[ \t]*(/?)[ \t]*{_SENT}[ \t]*([a-z_]*)([^<>]*)(>?)", re.I)
 _TRUNCATED_RE = re.compile(rf"</?[ \t]*{_BAR}[ \t]*(?:[a-z▁_]*(?:{_BAR})?|dsml[ \t]*{_BAR}[^<>]*)", re.I)
 _V3_RE = re.compile(
@@ -37,7 +42,7 @@ _PLACEHOLDER_RE = re.compile(r"\$(?:TOOL_NAME|PARAMETER_NAME|PARAMETER_VALUE)")
 # when no tools were offered), other XML tool tags, think tags, and a bar right after "<" (special tokens).
 _LT_RE = re.compile(
     r"<(?:(parameter\s+name\s*=[^<>]*?\bstring\s*=)|(/?function_calls>|invoke\s+name\s*=|/invoke>|function>\s*<name>)"
-    r"|(/?think>)|([ \t]*[｜|‖]))"
+    r"|(/?think>)|([ \t]*/?[ \t]*[｜|‖]))"
 )
 # In ASCII text a sentinel needs "|", optional blanks, then DSML in any case: one pass instead of lower().
 _ASCII_SENTINEL_RE = re.compile(r"\|[ \t]*[dD][sS][mM][lL]")
@@ -281,6 +286,10 @@ def _scan_angles(text: str, out: _Collector, *, reasoning: bool, tools_offered: 
     if xml is not None:
         out.add("xml-tool-tags", xml.start(), xml.end())
     if bar:
+        for m in _GARBLED_TAG_RE.finditer(text):
+            if "dsml" not in m.group(0).lower():
+                out.add("sentinel-variant", m.start(), m.end())
+                break
         m = _V3_RE.search(text)
         if m is not None:
             out.add("v3-special-tokens", m.start(), m.end())

@@ -58,8 +58,9 @@ CASES: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {
     ),
     "sentinel-variant": (
         [text('<|DSML|invoke name="get_weather">'), text("<｜｜DSML｜｜tool_calls>"), text("< | DSML | tool_use>"),
-         text("<‖DSML‖parameter"), text("<｜dsml｜invoca")],
-        [text("|DSML| is a format name"), text("the dsml invoke step"), text("<｜DSML｜tool_calls>")],
+         text("<‖DSML‖parameter"), text("<｜dsml｜invoca"), text('<｜DSLM｜invoke name="f">'), text("</|DMSL|tool_calls>")],
+        [text("|DSML| is a format name"), text("the dsml invoke step"), text("<｜DSML｜tool_calls>"),
+         text("<|im_start|>tool"), text("a <|x|> b invoke")],
     ),
     "wrapper-tag": (
         [text("<｜DSML｜tool_calls>"), text("<｜DSML｜toolcalls>\n"), text("</｜DSML｜function_calls>"), text("<｜DSML｜ calls>")],
