@@ -46,6 +46,7 @@ def test_bf16_hicache_at_60_sessions_corrupts_and_fault_log_matches_verdicts(sim
     assert {r.outcome for r in records} <= {"clean", "corrupt"}
     # One for one: every injected fault is a turn the checker calls corrupt, and nothing else is.
     assert {f.request_id for f in faults} == _flagged(records)
+    assert not any(t.verdict == "suspect" for r in records for t in r.turns)
     assert all(f.read_time_s < f.copy_done_s and 0 <= f.layer for f in faults)
     assert all(f.load_back_tokens > 0 for f in faults)
     corrupt_sessions = sum(r.outcome == "corrupt" for r in records)

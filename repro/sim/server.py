@@ -23,7 +23,7 @@ from starlette.routing import Route
 from dsml_checker import check
 from repro.sim.config import SimConfig, server_info
 from repro.sim.corrupt import damage
-from repro.sim.engine import Engine, EngineRequest, Race, context_length, count_tokens, page_keys
+from repro.sim.engine import CHARS_PER_TOKEN, Engine, EngineRequest, Race, context_length, count_tokens, page_keys
 from repro.sim.faults import FaultLog, FaultRecord
 from repro.sim.metrics import SimMetrics
 from repro.sim.model import answer, assistant_turns, conversation_key, rng_for
@@ -53,7 +53,7 @@ class Simulator:
         limit = request.token_limit
         truncated = limit is not None and count_tokens(raw) > limit
         if truncated:
-            raw = raw[: limit * 4]
+            raw = raw[: limit * CHARS_PER_TOKEN]
         output = parse_output(raw, tool_names={t.function.name for t in request.tools},
                               tools_enabled=tools_enabled(request.tools, request.choice_value()))
         if truncated:
