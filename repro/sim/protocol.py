@@ -195,11 +195,12 @@ class StreamCursor:
         if index < 0:
             return {kind: text[lo:hi]}
         # Unit 0 of a call is its header (id, type, name); units 1.. are its argument characters.
-        function: dict[str, Any] = {"arguments": text[max(0, lo - 1): hi - 1]}
-        call: dict[str, Any] = {"index": index, "function": function}
-        if lo == 0:
-            call.update(id=self.reply.call_id(index), type="function")
-            function["name"] = self.reply.output.calls[index].name
+        arguments = text[max(0, lo - 1): hi - 1]
+        if lo > 0:
+            return {"tool_calls": [{"index": index, "function": {"arguments": arguments}}]}
+        name = self.reply.output.calls[index].name
+        call = {"index": index, "id": self.reply.call_id(index), "type": "function",
+                "function": {"name": name, "arguments": arguments}}
         return {"tool_calls": [call]}
 
 
