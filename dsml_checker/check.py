@@ -158,9 +158,9 @@ def check(message: Any, *, finish_reason: str | None = None, tools: Any = None, 
     texts: list[tuple[str, str]] = []
     for field, value in (("content", message.get("content")), ("reasoning_content", reasoning)):
         text = _text(value)
-        scan = scan_text(text, field, reasoning=field != "content", tools_offered=schemas is not None)
-        findings += scan.findings
-        markup = markup or scan.markup
+        found, has_markup = scan_text(text, field, reasoning=field != "content", tools_offered=schemas is not None)
+        findings += found
+        markup = markup or has_markup
         texts.append((field, text))
     calls = message.get("tool_calls")
     call_findings, names = _check_calls(calls, schemas, texts)

@@ -94,11 +94,9 @@ class Verdict:
 
     @classmethod
     def of(cls, findings: tuple[Finding, ...]) -> Verdict:
-        if any(f.severity == "hard" for f in findings):
-            return cls("corrupt", findings)
-        if any(f.severity == "soft" for f in findings):
-            return cls("suspect", findings)
-        return cls("clean", findings)
+        severities = {f.severity for f in findings}
+        label: Label = "corrupt" if "hard" in severities else "suspect" if "soft" in severities else "clean"
+        return cls(label, findings)
 
     @property
     def hard(self) -> tuple[Finding, ...]:

@@ -20,6 +20,7 @@ _STRIDE = 4
 _SAMPLE_SHIFTS = (6, 10, 21)
 _SAMPLE_MIN_ZEROS = 8
 _SAMPLE_ZEROS = b"\0" * _SAMPLE_MIN_ZEROS
+_MIN_LOOP = 48  # no loop the sample can find is shorter
 _SHIFTS = (24, 35)  # together their divisors cover every loop unit of 1 to 8 bytes
 _MIN_ZEROS = 24
 _MAX_UNIT = 8
@@ -113,7 +114,7 @@ def scan_soft(fields: Sequence[tuple[str, str]]) -> list[Finding]:
         pos += len(part) + 1
     findings: list[Finding] = []
     looped: set[int] = set()
-    for lo, hi in _loops(raw):
+    for lo, hi in _loops(raw) if len(raw) >= _MIN_LOOP else ():
         i = bisect_right(starts, lo) - 1
         if i in looped:
             continue

@@ -11,7 +11,6 @@ import functools
 import itertools
 import json
 import re
-from dataclasses import dataclass
 
 from dsml_checker.findings import Finding, make_finding
 
@@ -62,14 +61,6 @@ MARKUP_RULES = frozenset(
     {"sentinel", "sentinel-variant", "wrapper-tag", "bare-invoke", "orphan-closer", "truncated-tag",
      "xml-tool-tags", "v3-special-tokens"}
 )
-
-
-@dataclass(frozen=True)
-class TextScan:
-    """The findings of one text field, and whether unquoted tool-call markup was among them."""
-
-    findings: list[Finding]
-    markup: bool
 
 
 def _code_spans(text: str) -> list[tuple[int, int]]:
@@ -130,6 +121,8 @@ def _quoted_regions(text: str) -> list[tuple[int, int]]:
 
 class _Collector:
     """Gathers one finding per rule and field, routing matches inside code spans to a single quoted-dsml."""
+
+    __slots__ = ("text", "field", "findings", "seen", "_starts", "_reach")
 
     def __init__(self, text: str, field: str) -> None:
         self.text = text
@@ -303,11 +296,14 @@ def _add_controls(found: list[re.Match[str]], out: _Collector) -> None:
             return
 
 
-def scan_text(text: str, field: str, *, reasoning: bool, tools_offered: bool) -> TextScan:
-    """Apply the text rules of dsml-format.md §5 to one field of a message."""
-    out = _Collector(text, field)
+def scan_text(text: str, field: str, *, reasoning: bool, tools_offered: bool) -> tuple[list[Finding], bool]:
+    """Apply the text rules of dsml-format.md §5 to one field of a message.
+
+    Returns the findings and whether unquoted tool-call markup was among them (for the finish_reason rules).
+    """
     if not text:
-        return TextScan(out.findings, False)
+        return [], False
+    out = _Collector(text, field)
     if text.isascii():
         if _ASCII_SENTINEL_RE.search(text) is not None:
             _scan_dsml(text, text.lower(), out)
@@ -323,8 +319,7 @@ def scan_text(text: str, field: str, *, reasoning: bool, tools_offered: bool) ->
         span = _duplicated(text)
         if span is not None:
             out.add("duplicated-output", *span, quotable=False)
-    markup = any(f.rule in MARKUP_RULES for f in out.findings)
-    return TextScan(out.findings, markup)
+    return out.findings, not MARKUP_RULES.isdisjoint(out.seen)
 
 
 def _unescaped(text: str) -> str:
