@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import IO, Any, Iterator
 
 from dsml_checker.check import check
+from dsml_checker.findings import RULES
 
 # Model text is untrusted: C1 controls, bidi overrides and line separators survive ensure_ascii=False and
 # could drive or reorder a terminal, and lone surrogates cannot be encoded at all, so all of them are written
@@ -125,9 +126,18 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="dsml-check", description="Judge chat completions (JSON lines) for broken DeepSeek DSML tool-call markup."
     )
-    parser.add_argument("file", help="JSON-lines file of chat.completion objects or {message, finish_reason}; - for stdin")
+    parser.add_argument(
+        "file", nargs="?", help="JSON-lines file of chat.completion objects or {message, finish_reason}; - for stdin"
+    )
     parser.add_argument("--strict", action="store_true", help="count suspect turns (soft findings) as failures")
+    parser.add_argument("--list-rules", action="store_true", help="print every rule id, severity and description")
     opts = parser.parse_args(argv)
+    if opts.list_rules:
+        for rule, (severity, description) in RULES.items():
+            sys.stdout.write(f"{rule:24s} {severity:5s} {description}\n")
+        sys.exit(EXIT_CLEAN)
+    if opts.file is None:
+        parser.error("a FILE (or - for stdin) is required")
     try:
         code = run(opts.file, strict=opts.strict, out=sys.stdout, err=sys.stderr)
         sys.stdout.flush()

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 Severity = Literal["hard", "soft", "info"]
 Label = Literal["clean", "corrupt", "suspect"]
 
 
-@dataclass(frozen=True)
-class Rule:
-    """A registered rule: how much it counts and what it means, in one line."""
+class Rule(NamedTuple):
+    """A registered rule: how much it counts and what it means, in one line (unpacks as a pair)."""
 
     severity: Severity
     description: str

@@ -146,3 +146,14 @@ def test_lone_surrogates_in_model_text_do_not_break_the_output() -> None:
     (verdict,) = lines(done)
     assert verdict["label"] == "corrupt"
     assert "\\ud800" in done.stdout.decode()
+
+
+def test_rules_can_be_listed_and_a_file_is_otherwise_required() -> None:
+    from dsml_checker import RULES
+
+    listed = dsml_check("--list-rules")
+    assert listed.returncode == 0
+    rows = listed.stdout.decode().splitlines()
+    assert [row.split()[0] for row in rows] == list(RULES)
+    missing = dsml_check()
+    assert missing.returncode == 2 and b"FILE" in missing.stderr and b"Traceback" not in missing.stderr

@@ -202,10 +202,10 @@ def test_every_registered_rule_has_cases() -> None:
 
 
 def test_registry_entries_are_well_formed() -> None:
-    for rule, info in RULES.items():
+    for rule, (severity, description) in RULES.items():
         assert rule == rule.lower() and " " not in rule and "_" not in rule
-        assert info.severity in ("hard", "soft", "info")
-        assert info.description and "\n" not in info.description
+        assert severity in ("hard", "soft", "info") and RULES[rule].severity == severity
+        assert description and "\n" not in description
 
 
 @pytest.mark.parametrize(("rule", "index", "case"), FIRES, ids=[f"{r}-{i}" for r, i, _ in FIRES])
