@@ -1,4 +1,10 @@
-"""dsml_checker: decide whether a model's turn is clean or carries broken DeepSeek DSML tool-call markup."""
+"""dsml_checker: decide whether a model's turn is clean or carries broken DeepSeek DSML tool-call markup.
+
+Standard library only, no I/O. `check(message, finish_reason=, tools=, tool_choice=)` returns a `Verdict`
+("clean", "corrupt" on any hard finding, "suspect" on soft ones only) with its `Finding`s; `RULES` lists every
+rule id with its severity and description; `StreamAccumulator` rebuilds a streamed message so it is judged
+whole. `render_calls`/`parse_calls`/`split_completion` write and read the DeepSeek formats (dsml-format.md).
+"""
 
 from dsml_checker.check import check
 from dsml_checker.findings import RULES, Finding, Rule, Verdict
