@@ -213,18 +213,31 @@ def compile_schema(schema: Any) -> Check:
     return _chain([c for c in checks if c is not None])
 
 
-_COMPILED: dict[int, tuple[Any, Check]] = {}
-_COMPILED_MAX = 512
+_BY_ID: dict[int, tuple[Any, Check]] = {}
+_BY_TEXT: dict[str, Check] = {}
+_CACHE_MAX = 512
+
+
+def _compiled(schema: Any) -> Check:
+    """The compiled form of `schema`, cached by identity and, for equal copies, by their text."""
+    cached = _BY_ID.get(id(schema))
+    if cached is not None and cached[0] is schema:
+        return cached[1]
+    # Callers often rebuild the same tool list per request (a model_dump each time): the text finds the copy.
+    key = repr(schema)
+    check = _BY_TEXT.get(key)
+    if check is None:
+        if len(_BY_TEXT) >= _CACHE_MAX:
+            _BY_TEXT.clear()
+        check = _BY_TEXT[key] = compile_schema(schema)
+    if len(_BY_ID) >= _CACHE_MAX:
+        _BY_ID.clear()
+    # The entry keeps the schema alive, so its id cannot be reused by another object while cached.
+    _BY_ID[id(schema)] = (schema, check)
+    return check
 
 
 def schema_error(instance: Any, schema: Any) -> str | None:
-    """The first way `instance` violates `schema`, or None; compiled schemas are cached by identity."""
-    cached = _COMPILED.get(id(schema))
-    if cached is None or cached[0] is not schema:
-        if len(_COMPILED) >= _COMPILED_MAX:
-            _COMPILED.clear()
-        # The entry keeps the schema alive, so its id cannot be reused by another object while cached.
-        cached = (schema, compile_schema(schema))
-        _COMPILED[id(schema)] = cached
-    error = cached[1](instance)
+    """The first way `instance` violates `schema` as "/json/pointer: reason", or None when it is valid."""
+    error = _compiled(schema)(instance)
     return None if error is None else ("/" + error if error.startswith(":") else error)

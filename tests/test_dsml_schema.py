@@ -120,3 +120,13 @@ def test_errors_name_the_json_pointer_and_reason(instance: dict[str, Any], fragm
 def test_json_equality_separates_booleans_from_numbers() -> None:
     assert json_equal(1, 1.0) and not json_equal(1, True) and not json_equal(0, False)
     assert json_equal({"a": [1, None]}, {"a": [1.0, None]}) and not json_equal([1], [True])
+
+
+def test_compiled_schemas_are_reused_only_for_equal_content() -> None:
+    first = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 1}}}
+    rebuilt = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 1}}}
+    stricter = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 5}}}
+    assert schema_error({"n": 3}, first) is None
+    assert schema_error({"n": 3}, rebuilt) is None
+    assert schema_error({"n": 3}, stricter) == "/n: below minimum 5"
+    assert schema_error({"n": 0}, rebuilt) == "/n: below minimum 1"
