@@ -104,7 +104,8 @@ def concurrency(levels: list[int], turns: int, ttft: float, chunks: int, interva
         ok = lag99 < LAG_LIMIT_S and bad == 0
         best = level if ok else best
         print(f"concurrency {level:5d}: {done} turns in {wall:.1f}s ({done / wall:.0f} turns/s, "
-              f"{done * chunks / wall:.0f} chunks/s), client CPU {cpu / wall:.0%} of a core, "
+              f"{done * chunks / wall:.0f} chunks/s), client CPU {cpu / wall:.0%} of a core "
+              f"({1e6 * cpu / (done * chunks):.0f} us per paced chunk, turn costs included), "
               f"loop lag p99 {1e3 * lag99:.1f} ms, max {1e3 * max(lag, default=0):.1f} ms, "
               f"{bad} not clean -> {'ok' if ok else 'over'}")
         if not ok:
