@@ -11,7 +11,7 @@ import hashlib
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -19,6 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from repro.errors import UsageError, describe_validation_error
 
 DEFAULT_WORKLOAD = "agentic_coding.yaml"
+ToolKind = Literal["read_file", "grep", "list_dir", "edit_file", "run_tests", "finish", "echo"]
+"""The sandbox behaviours (repro.sandbox) a tool can have."""
 
 
 class _Strict(BaseModel):
@@ -37,7 +39,7 @@ class ToolSpec(_Strict):
 
     type: Literal["function"] = "function"
     function: FunctionSpec
-    kind: Literal["read_file", "grep", "list_dir", "edit_file", "run_tests", "finish", "echo"] | None = None
+    kind: ToolKind | None = None
     """Sandbox behaviour; defaults to the function's name when that is a known kind, else `echo`."""
 
     def openai(self) -> dict[str, Any]:
@@ -47,8 +49,7 @@ class ToolSpec(_Strict):
     def behaviour(self) -> str:
         if self.kind is not None:
             return self.kind
-        known = {"read_file", "grep", "list_dir", "edit_file", "run_tests", "finish"}
-        return self.function.name if self.function.name in known else "echo"
+        return self.function.name if self.function.name in get_args(ToolKind) else "echo"
 
 
 class SandboxSizes(_Strict):
