@@ -7,7 +7,6 @@ must keep up with a load run (tens of thousands of verdicts per second).
 from __future__ import annotations
 
 import bisect
-import functools
 import itertools
 import json
 import re
@@ -15,10 +14,12 @@ import re
 from dsml_checker.findings import Finding, make_finding
 
 _BAR = r"(?:｜｜|\|\||[｜|‖])"
-_SENT = rf"{_BAR}[ \t]*dsml[ \t]*{_BAR}"
+# Case spelt out rather than re.I: matching without IGNORECASE is markedly faster on long text.
+_DSML = "[dD][sS][mM][lL]"
+_SENT = rf"{_BAR}[ \t]*{_DSML}[ \t]*{_BAR}"
 CANONICAL = "｜DSML｜"
 
-SENTINEL_ANY_RE = re.compile(_SENT, re.I)
+SENTINEL_ANY_RE = re.compile(_SENT)
 _VARIANT_RE = re.compile(
     rf"{_SENT}[ \t]*(?:tool_calls|function_calls|toolcalls|tool_use|invoke|invoca|parameter|calls|tool)", re.I
 )
@@ -28,7 +29,8 @@ _GARBLED_TAG_RE = re.compile(
     rf"<[ \t]*/?[ \t]*{_BAR}[ \t]*[a-z]{{2,8}}[ \t]*{_BAR}[ \t]*(?:tool_calls|function_calls|toolcalls|tool_use|invoke|invoca|parameter|calls)",
     re.I,
 )
-_TAG_RE = re.compile(rf"<[ \t]*(/?)[ \t]*{_SENT}[ \t]*([a-z_]*)([^<>]*)(>?)", re.I)
+_CANONICAL_TAGS = (f"<{CANONICAL}", f"</{CANONICAL}")
+_TAG_RE = re.compile(rf"<[ \t]*(/?)[ \t]*{_SENT}[ \t]*([a-zA-Z_]*)([^<>]*)(>?)")
 _TRUNCATED_RE = re.compile(rf"</?[ \t]*{_BAR}[ \t]*(?:[a-z▁_]*(?:{_BAR})?|dsml[ \t]*{_BAR}[^<>]*)", re.I)
 _V3_RE = re.compile(
     rf"<[ \t]*{_BAR}[ \t]*tool[▁_ ]?(?:calls?[▁_ ]?(?:begin|end)|sep|outputs?[▁_ ]?(?:begin|end))[ \t]*{_BAR}[ \t]*>", re.I
@@ -43,8 +45,6 @@ _LT_RE = re.compile(
     r"<(?:(parameter\s+name\s*=[^<>]*?\bstring\s*=)|(/?function_calls>|invoke\s+name\s*=|/invoke>|function>\s*<name>)"
     r"|(/?think>)|([ \t]*/?[ \t]*[｜|‖]))"
 )
-# In ASCII text a sentinel needs "|", optional blanks, then DSML in any case: one pass instead of lower().
-_ASCII_SENTINEL_RE = re.compile(r"\|[ \t]*[dD][sS][mM][lL]")
 _INVOKE_ATTRS_RE = re.compile(r'\s+name="[^"“”]*"\s*/?')
 _PARAM_ATTRS_RE = re.compile(r'\s+name="[^"“”]*"\s+string="(?:true|false)"\s*')
 _PARAM_NAME_RE = re.compile(r'name="([^"]*)"')
@@ -154,17 +154,25 @@ class _Collector:
         return rule != "quoted-dsml"
 
 
-@functools.lru_cache(maxsize=256)
+_KINDS: dict[str, str] = {}
+
+
 def _tag_kind(word: str) -> str:
-    low = word.lower()
-    if low.startswith("inv"):
-        return "invoke"
-    if low.startswith("param"):
-        return "parameter"
-    return "wrapper"
+    kind = _KINDS.get(word)
+    if kind is None:
+        low = word.lower()
+        kind = "invoke" if low.startswith("inv") else "parameter" if low.startswith("param") else "wrapper"
+        if len(_KINDS) < 1024:  # tag words come from model output: bound the memo
+            _KINDS[word] = kind
+    return kind
 
 
-def _scan_dsml(text: str, low: str, out: _Collector) -> None:
+def _dsml_count(text: str) -> int:
+    """How often "dsml" appears in any case; bytes.lower() folds ASCII only and is several times faster."""
+    return text.encode("utf-8", "surrogatepass").lower().count(b"dsml")
+
+
+def _scan_dsml(text: str, dsml_count: int, out: _Collector) -> None:
     at = text.find(CANONICAL)
     while at >= 0:
         if out.add("sentinel", at, at + len(CANONICAL)):
@@ -172,7 +180,7 @@ def _scan_dsml(text: str, low: str, out: _Collector) -> None:
         at = text.find(CANONICAL, at + 1)
     # A variant needs a "dsml" outside every canonical sentinel, or doubled bars around one; checking that
     # first spares ordinary leaks the slow scan.
-    if low.count("dsml") > text.count(CANONICAL) or "｜｜" in text:
+    if dsml_count > text.count(CANONICAL) or "｜｜" in text:
         for m in _VARIANT_RE.finditer(text):
             if not m.group(0).startswith(CANONICAL) and out.add("sentinel-variant", m.start(), m.end()):
                 break
@@ -188,7 +196,7 @@ def _scan_tags(text: str, out: _Collector) -> None:
     for m in _TAG_RE.finditer(text):
         closing, word, attrs, ended = m.groups()
         kind = _tag_kind(word)
-        if kind == "wrapper":
+        if kind == "wrapper" and "wrapper-tag" not in out.seen:
             out.add("wrapper-tag", m.start(), m.end())
         if closing:
             if depth[kind] == 0:
@@ -266,7 +274,6 @@ def _scan_angles(text: str, out: _Collector, *, reasoning: bool, tools_offered: 
         out.add("truncated-tag", tail_at, len(text))
     xml: re.Match[str] | None = None
     controls: list[re.Match[str]] = []
-    bar = False
     for m in _LT_RE.finditer(text):
         deepseek, other, think, lt_bar = m.groups()
         if (deepseek or (other and tools_offered)) and xml is None:
@@ -274,19 +281,20 @@ def _scan_angles(text: str, out: _Collector, *, reasoning: bool, tools_offered: 
         elif think and not (reasoning and think == "think>"):
             # Reasoning may open with <think>; only </think> is foreign there.
             controls.append(m)
-        elif lt_bar:
-            bar = True
+        elif lt_bar and not text.startswith(_CANONICAL_TAGS, m.start()):
+            # A "<" and a bar that do not open a well-spelt DSML tag: a special token, or a garbled sentinel.
+            at = m.start()
+            found = _V3_RE.match(text, at)
+            if found is not None:
+                out.add("v3-special-tokens", at, found.end())
+            found = _CONTROL_TOKEN_RE.match(text, at)
+            if found is not None:
+                controls.append(found)
+            found = _GARBLED_TAG_RE.match(text, at)
+            if found is not None and "dsml" not in found.group(0).lower():
+                out.add("sentinel-variant", at, found.end())
     if xml is not None:
         out.add("xml-tool-tags", xml.start(), xml.end())
-    if bar:
-        for m in _GARBLED_TAG_RE.finditer(text):
-            if "dsml" not in m.group(0).lower():
-                out.add("sentinel-variant", m.start(), m.end())
-                break
-        m = _V3_RE.search(text)
-        if m is not None:
-            out.add("v3-special-tokens", m.start(), m.end())
-        controls.extend(_CONTROL_TOKEN_RE.finditer(text))
     _add_controls(controls, out)
 
 
@@ -304,13 +312,9 @@ def scan_text(text: str, field: str, *, reasoning: bool, tools_offered: bool) ->
     if not text:
         return [], False
     out = _Collector(text, field)
-    if text.isascii():
-        if _ASCII_SENTINEL_RE.search(text) is not None:
-            _scan_dsml(text, text.lower(), out)
-    else:
-        low = text.lower()
-        if "dsml" in low:
-            _scan_dsml(text, low, out)
+    dsml_count = _dsml_count(text)
+    if dsml_count:
+        _scan_dsml(text, dsml_count, out)
     if "<" in text:
         _scan_angles(text, out, reasoning=reasoning, tools_offered=tools_offered)
     if "$" in text:
@@ -331,7 +335,7 @@ def _unescaped(text: str) -> str:
 
 
 def _markup_in_arguments(text: str) -> re.Match[str] | None:
-    if "dsml" in text.lower():
+    if _dsml_count(text):
         m = SENTINEL_ANY_RE.search(text)
         if m is not None:
             return m
