@@ -78,7 +78,7 @@ def test_sim_matrix_names_hicache_the_cause_and_bf16_its_amplifier_over_several_
     procs = {}
     for seed in seeds:
         spec = sim_spec(tmp_path, f"seed{seed}", design={"seed": seed, "min_completed": 20, "replicates": 1},
-                        load={"sessions": 24, "concurrency": 24, "turns": 18},
+                        load={"sessions": 32, "concurrency": 32, "turns": 18},
                         variables={"time_scale": "0.1", "final_after": "16"})
         procs[seed] = start(["matrix", str(spec), "--out", str(tmp_path / f"m{seed}"), "--no-cell-reports"],
                             tmp_path / f"m{seed}.log")
