@@ -27,7 +27,7 @@ RULES: dict[str, Rule] = {
     "xml-tool-tags": Rule("hard", "non-DSML XML tool tags (<invoke name=…>, <function_calls>, <parameter … string=…>) in text"),
     "v3-special-tokens": Rule("hard", "DeepSeek V3-era tool-call special tokens, or their ASCII spellings, in text"),
     "control-token-leak": Rule("hard", "a chat-template control token or prompt placeholder leaked into text"),
-    "duplicated-output": Rule("hard", "the same text (40+ characters) is repeated back to back"),
+    "duplicated-output": Rule("hard", "text of 40+ characters repeated back to back: the answer re-sent, or a block after a leak"),
     # structured tool_calls (rule 7)
     "message-shape": Rule("hard", "the message is not a JSON object"),
     "tool-call-shape": Rule("hard", "a tool_calls entry is not an object with a function object"),

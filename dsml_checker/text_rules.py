@@ -235,14 +235,21 @@ def _short_period(text: str) -> bool:
     return any(text[u:] == text[:-u] for u in range(1, 9))
 
 
-def _duplicated(text: str) -> tuple[int, int] | None:
-    """Span of a back-to-back repeat of 40+ characters: a re-sent buffer, or a repeated block of lines."""
+def _duplicated(text: str, *, anywhere: bool) -> tuple[int, int] | None:
+    """Span of a back-to-back repeat of 40+ characters: a re-sent buffer, or a repeated block of lines.
+
+    A re-sent buffer starts with the text itself, so that one search runs always. Blocks of lines repeated
+    further in are searched only when `anywhere` (the field already shows markup: the answer repeated after a
+    leak), which keeps clean prose to a single pass.
+    """
     head = text[:_DUP_MIN]
     again = text.find(head, _DUP_MIN)
     if again >= 0 and not _short_period(head):
         first = text[:again]
         if text.startswith(first, again) or first.startswith(text[again:]):
             return 0, min(len(text), 2 * again)
+    if not anywhere:
+        return None
     # A repeated block is anchored on one of its lines that is long enough to mean something: short lines
     # (table rulers, braces, blank lines) repeat in any answer and would only cost time.
     lines = [line for line in text.split("\n") if len(line) >= _DUP_LINE_MIN]
@@ -319,11 +326,12 @@ def scan_text(text: str, field: str, *, reasoning: bool, tools_offered: bool) ->
         _scan_angles(text, out, reasoning=reasoning, tools_offered=tools_offered)
     if "$" in text:
         _add_controls(list(_PLACEHOLDER_RE.finditer(text)), out)
+    markup = not MARKUP_RULES.isdisjoint(out.seen)
     if len(text) >= 2 * _DUP_MIN:
-        span = _duplicated(text)
+        span = _duplicated(text, anywhere=markup)
         if span is not None:
             out.add("duplicated-output", *span, quotable=False)
-    return out.findings, not MARKUP_RULES.isdisjoint(out.seen)
+    return out.findings, markup
 
 
 def _unescaped(text: str) -> str:

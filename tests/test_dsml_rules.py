@@ -98,10 +98,12 @@ CASES: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {
          {"message": {"content": "", "reasoning_content": "<think>plan"}}],
     ),
     "duplicated-output": (
-        [text("The weather in Paris is sunny and warm today. " * 2), text("Intro\n" + "line one of the answer, long enough\nline two\n" * 2),
+        [text("The weather in Paris is sunny and warm today. " * 2),
+         text("Intro <｜DSML｜invoke>\n" + "line one of the answer, long enough\nline two\n" * 2),
          text("A growing buffer re-sent by an old build. " + "A growing buffer re-sent by an old build. And more.")],
         [text("Short. Short."), text("The weather in Paris is sunny. The weather in Rome is cloudy and cold today."),
-         text("0" * 200), text("ab" * 100), text("a header line here\nbody one\na header line here\nbody two, different\n")],
+         text("0" * 200), text("ab" * 100), text("a header line here\nbody one\na header line here\nbody two, different\n"),
+         text("Intro\n" + "a block repeated further in, without markup\n" * 2)],
     ),
     "message-shape": ([{"message": "not an object"}, {"message": None}], [text("hi")]),
     "tool-call-shape": (
@@ -310,7 +312,7 @@ def test_text_parts_content_is_checked() -> None:
         ("0" * 300_000, "suspect"),
         ('<｜DSML｜invoke name="x">\n' * 5000, "corrupt"),
         ("```\n" * 50_000, "suspect"),
-        ("".join(f"line number {i} of the log\nfiller {i}\nline number {i} of the log\n" for i in range(5000)), "clean"),
+        ("".join(f"line number {i} of the log\nfiller {i}\nline number {i} of the log\n" for i in range(5000)) + "<｜DSML｜", "corrupt"),
     ],
     ids=["backtick-runs", "many-quoted", "zeros", "many-invokes", "many-fences", "repeated-lines"],
 )
