@@ -48,13 +48,13 @@ class Costs:
     """Kernel launches without a captured graph: the decode step's fixed part grows by this factor."""
     schedule_gap_s: float = 0.002
     """CPU scheduling time that the overlap scheduler hides and a non-overlapped step pays."""
-    overlap_lead: float = 0.8
+    overlap_lead: float = 0.9
     non_overlap_lead: float = 1.0
     """When a prefill's first layer reads, in per-layer compute times after its load-back starts."""
     main_kv_bytes: int = 656
     """Per token and layer: MLA latent + rope, fp8."""
     index_k_bytes_fp8: int = 132
-    link_bytes_per_s: float = 1.9e9
+    link_bytes_per_s: float = 1.7e9
     """Effective host-to-device rate of page-scattered layer copies, far below the PCIe peak."""
     tokens_per_step: int = 8
     """Tokens each running request gains per decode step: streams get chunks of several tokens."""
