@@ -29,6 +29,7 @@ _GARBLED_TAG_RE = re.compile(
     rf"<[ \t]*/?[ \t]*{_BAR}[ \t]*[a-z]{{2,8}}[ \t]*{_BAR}[ \t]*(?:tool_calls|function_calls|toolcalls|tool_use|invoke|invoca|parameter|calls)",
     re.I,
 )
+_LT_BAR_RE = re.compile(r"<[ \t]*[｜|‖]")
 _CANONICAL_TAGS = (f"<{CANONICAL}", f"</{CANONICAL}")
 _TAG_RE = re.compile(rf"<[ \t]*(/?)[ \t]*{_SENT}[ \t]*([a-zA-Z_]*)([^<>]*)(>?)")
 _TRUNCATED_RE = re.compile(rf"</?[ \t]*{_BAR}[ \t]*(?:[a-z▁_]*(?:{_BAR})?|dsml[ \t]*{_BAR}[^<>]*)", re.I)
@@ -347,8 +348,10 @@ def _markup_in_arguments(text: str) -> re.Match[str] | None:
         m = SENTINEL_ANY_RE.search(text)
         if m is not None:
             return m
-    if "<" in text:
-        return _V3_RE.search(text) or _CONTROL_TOKEN_RE.search(text)
+    for lt_bar in _LT_BAR_RE.finditer(text):
+        m = _V3_RE.match(text, lt_bar.start()) or _CONTROL_TOKEN_RE.match(text, lt_bar.start())
+        if m is not None:
+            return m
     return None
 
 
