@@ -7,7 +7,7 @@ becomes content, which calls survive, and the fallbacks to content when the mark
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Sequence
 
 from dsml_checker.formats import EOS, THINK_CLOSE, DSMLParseError, ToolCall, block_opener, split_completion
 
@@ -43,6 +43,6 @@ def parse_output(raw: str, *, tool_names: set[str], tools_enabled: bool) -> Pars
     return ParsedOutput(done.reasoning or "", done.content, calls)
 
 
-def tools_enabled(tools: list[dict[str, Any]], tool_choice: Any) -> bool:
+def tools_enabled(tools: Sequence[object], tool_choice: object) -> bool:
     """SGLang runs its tool-call parser only when tools were sent and tool_choice is not "none"."""
     return bool(tools) and tool_choice != "none"
