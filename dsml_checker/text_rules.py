@@ -31,7 +31,17 @@ _GARBLED_TAG_RE = re.compile(
 )
 _LT_BAR_RE = re.compile(r"<[ \t]*[｜|‖]")
 _CANONICAL_TAGS = (f"<{CANONICAL}", f"</{CANONICAL}")
-_TAG_RE = re.compile(rf"<[ \t]*(/?)[ \t]*{_SENT}[ \t]*([a-zA-Z_]*)([^<>]*)(>?)")
+_TAG_RE = re.compile(rf"<[ \t]*(/?)[ \t]*{_SENT}[ \t]*([a-zA-Z_]*)")
+# Attribute damage (rule 11) by pattern: possessive tag words, so a lookahead cannot judge half a word.
+_TAG_OPEN = rf"<[ \t]*{_SENT}[ \t]*"
+_INV = "[iI][nN][vV][a-zA-Z_]*+"
+_PARAM = "[pP][aA][rR][aA][mM][a-zA-Z_]*+"
+_BAD_ATTRS_RE = re.compile(
+    rf'{_TAG_OPEN}(?:{_INV}(?=[^<>]*>)(?!\s+name="[^"“”]*"\s*/?>)'
+    rf'|{_PARAM}(?=[^<>]*>)(?!\s+name="[^"“”]*"\s+string="(?:true|false)"\s*>))'
+)
+_NAMED_TAG_RE = re.compile(rf'{_TAG_OPEN}({_INV}|{_PARAM})[^<>]*?\bname="([^"]*)"')
+_PROSE_BETWEEN_RE = re.compile(rf"</[ \t]*{_SENT}[ \t]*{_PARAM}[^<>]*>\s*[^\s<][^<]*{_TAG_OPEN}{_PARAM}")
 _TRUNCATED_RE = re.compile(rf"</?[ \t]*{_BAR}[ \t]*(?:[a-z▁_]*(?:{_BAR})?|dsml[ \t]*{_BAR}[^<>]*)", re.I)
 _V3_RE = re.compile(
     rf"<[ \t]*{_BAR}[ \t]*tool[▁_ ]?(?:calls?[▁_ ]?(?:begin|end)|sep|outputs?[▁_ ]?(?:begin|end))[ \t]*{_BAR}[ \t]*>", re.I
@@ -46,9 +56,6 @@ _LT_RE = re.compile(
     r"<(?:(parameter\s+name\s*=[^<>]*?\bstring\s*=)|(/?function_calls>|invoke\s+name\s*=|/invoke>|function>\s*<name>)"
     r"|(/?think>)|([ \t]*/?[ \t]*[｜|‖]))"
 )
-_INVOKE_ATTRS_RE = re.compile(r'\s+name="[^"“”]*"\s*/?')
-_PARAM_ATTRS_RE = re.compile(r'\s+name="[^"“”]*"\s+string="(?:true|false)"\s*')
-_PARAM_NAME_RE = re.compile(r'name="([^"]*)"')
 # Written "``*", not "`+": a pattern that opens with a plain literal lets `re` skip ahead to it, and the
 # difference is tenfold on long text. The same reason puts cheap gates before the other patterns.
 _BACKTICKS_RE = re.compile(r"``*")
@@ -189,46 +196,46 @@ def _scan_dsml(text: str, dsml_count: int, out: _Collector) -> None:
 
 
 def _scan_tags(text: str, out: _Collector) -> None:
-    """One pass over DSML tags: wrappers, bare invokes, orphan closers (hard) and attribute damage (soft)."""
+    """One pass over DSML tags: wrappers, bare invokes and orphan closers (hard); then attribute damage."""
     depth = {"wrapper": 0, "invoke": 0, "parameter": 0}
     wrapper_seen = False
-    names: set[str] = set()
-    last_param_close = -1
     for m in _TAG_RE.finditer(text):
-        closing, word, attrs, ended = m.groups()
+        closing, word = m.group(1, 2)
         kind = _tag_kind(word)
         if kind == "wrapper" and "wrapper-tag" not in out.seen:
             out.add("wrapper-tag", m.start(), m.end())
         if closing:
-            if depth[kind] == 0:
-                out.add("orphan-closer", m.start(), m.end())
-            else:
+            if depth[kind]:
                 depth[kind] -= 1
-            if kind == "parameter":
-                last_param_close = m.end()
+            else:
+                out.add("orphan-closer", m.start(), m.end())
             continue
         depth[kind] += 1
         if kind == "wrapper":
             wrapper_seen = True
-            continue
-        if kind == "invoke" and not wrapper_seen:
+        elif kind == "invoke" and not wrapper_seen:
             out.add("bare-invoke", m.start(), m.end())
-        if not ended or "attr-damage" in out.seen:
-            continue
-        damaged = not (_INVOKE_ATTRS_RE if kind == "invoke" else _PARAM_ATTRS_RE).fullmatch(attrs)
-        if kind == "invoke":
+    _scan_attributes(text, out)
+
+
+def _scan_attributes(text: str, out: _Collector) -> None:
+    """Soft rule 11: malformed attributes, a parameter named twice in one invoke, prose between parameters."""
+    for m in _BAD_ATTRS_RE.finditer(text):
+        if out.add("attr-damage", m.start(), m.end()):
+            return
+    names: set[str] = set()
+    for m in _NAMED_TAG_RE.finditer(text):
+        word, name = m.groups()
+        if word[0] in "iI":
             names.clear()
-            last_param_close = -1
+        elif name in names:
+            if out.add("attr-damage", m.start(), m.end()):
+                return
         else:
-            # Duplicate names and prose between parameters are damage too (rule 11).
-            name = _PARAM_NAME_RE.search(attrs)
-            if name is not None:
-                damaged = damaged or name.group(1) in names
-                names.add(name.group(1))
-            if last_param_close >= 0 and text[last_param_close : m.start()].strip():
-                damaged = True
-        if damaged:
-            out.add("attr-damage", m.start(), m.end())
+            names.add(name)
+    for m in _PROSE_BETWEEN_RE.finditer(text):
+        if out.add("attr-damage", m.start(), m.end()):
+            return
 
 
 def _short_period(text: str) -> bool:
