@@ -8,7 +8,8 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dsml_checker import ToolCall, check, parse_calls, render_calls, render_completion, split_completion
+from dsml_checker import DSMLParseError, ToolCall, check, parse_calls, render_calls, render_completion, split_completion
+from dsml_checker.formats import DSML_FORMATS, to_json
 
 SETTINGS = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -149,3 +150,33 @@ def test_a_closer_injected_into_an_argument_is_flagged(calls: list[ToolCall], da
     structured[target]["function"]["arguments"] = json.dumps(args, ensure_ascii=data.draw(st.booleans()))
     verdict = check({"content": None, "tool_calls": structured}, finish_reason="tool_calls")
     assert "args-dsml" in verdict.rules and verdict.label == "corrupt"
+
+
+def _loosen(call: ToolCall, fmt: str, data: st.DataObject) -> str:
+    """One invoke as SGLang also accepts it: JSON body, self-closing when empty, or parameters with loose blanks."""
+    tags = DSML_FORMATS[fmt]
+    pad = data.draw(st.sampled_from(["", " ", "  ", "\n", "\n\n    ", "\t"]))
+    if not call.arguments and data.draw(st.booleans()):
+        return f'{pad}{tags.invoke_open} name="{call.name}"{data.draw(st.sampled_from(["", " "]))}/>'
+    if data.draw(st.booleans()):
+        return f'{pad}{tags.invoke_open} name="{call.name}">{pad}{to_json(call.arguments)}{pad}{tags.invoke_close}'
+    params = [
+        f'{pad}{tags.param_open}  name="{key}" string="{"true" if isinstance(value, str) else "false"}" >'
+        f"{value if isinstance(value, str) else to_json(value)}{tags.param_close}"
+        for key, value in call.arguments.items()
+    ]
+    return f'{tags.invoke_open} name="{call.name}" >' + "\n".join(params) + f"{pad}\n{tags.invoke_close}"
+
+
+@SETTINGS
+@given(calls=tool_calls, fmt=dsml_formats, data=st.data())
+def test_tolerant_mode_reads_the_shapes_sglang_accepts(calls: list[ToolCall], fmt: str, data: st.DataObject) -> None:
+    tags = DSML_FORMATS[fmt]
+    gap = data.draw(st.sampled_from(["\n", "\n\n", "\n  ", " "]))
+    block = tags.opener + gap + gap.join(_loosen(c, fmt, data) for c in calls) + gap + tags.closer
+    assert parse_calls(block, mode="tolerant", fmt=fmt) == calls
+    try:
+        strict = parse_calls(block, mode="strict", fmt=fmt)
+    except DSMLParseError:
+        return
+    assert strict == calls  # loosened so little that the strict grammar still holds
