@@ -52,14 +52,19 @@ def run_once(name: str, sessions: int, sim_args: list[str], seed: int, workdir: 
 
 
 def _server_totals(run_dir: Path) -> dict[str, float]:
-    """The last scrape of the simulator's counters that `repro run` recorded in metrics.csv."""
-    last: dict[str, float] = {}
+    """Cache hit rate from the turns' usage; load-back from the last scrape `repro run` kept in metrics.csv."""
+    prompt = cached = 0
+    with open(run_dir / "sessions.jsonl", encoding="utf-8") as fh:
+        for line in fh:
+            for turn in json.loads(line)["turns"]:
+                prompt += turn.get("prompt_tokens") or 0
+                cached += turn.get("cached_tokens") or 0
+    load_back = 0.0
     with open(run_dir / "metrics.csv", encoding="utf-8") as fh:
         for row in csv.DictReader(fh):
-            last[row["metric"]] = float(row["value"])
-    prompt = last.get("sglang:prompt_tokens_total", 0.0)
-    return {"hit_rate": last.get("sglang:cached_tokens_total", 0.0) / prompt if prompt else 0.0,
-            "load_back": last.get("sglang:load_back_tokens_total", 0.0)}
+            if row["metric"] == "sglang:load_back_tokens_total":
+                load_back = float(row["value"])
+    return {"hit_rate": cached / prompt if prompt else 0.0, "load_back": load_back}
 
 
 def main() -> None:
