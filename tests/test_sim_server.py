@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from typing import Any, Iterator
 
 import httpx
@@ -218,7 +219,7 @@ def test_endpoints_server_info_metrics_loads_flush(sim_server) -> None:
         assert client.get("/debug/faults").json() == {"faults": []}
 
 
-def test_flush_cache_refuses_while_busy(sim_server) -> None:
+def test_flush_refused_while_busy_and_a_dropped_stream_is_aborted(sim_server) -> None:
     # A slow clock keeps the request running while the flush is attempted.
     sim = sim_server("--time-scale", "20")
     body = {"messages": _conversation("slow"), "tools": TOOLS, "stream": True}
@@ -228,6 +229,14 @@ def test_flush_cache_refuses_while_busy(sim_server) -> None:
             next(lines)
             refused = client.post("/flush_cache")
             assert refused.status_code == 400 and "error" in refused.json()
+        # The client went away mid-answer: the engine must let go of the request.
+        deadline = time.monotonic() + 15
+        while client.get("/v1/loads").json()["loads"][0]["num_reqs"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert client.get("/v1/loads").json()["loads"][0]["num_reqs"] == 0
+        families = {f.name: f for f in text_string_to_metric_families(client.get("/metrics").text)}
+        assert next(s.value for s in families["sglang:num_aborted_requests"].samples if s.name.endswith("_total")) == 1
+        assert client.post("/flush_cache").status_code == 200
 
 
 def test_health_is_503_during_warmup() -> None:
