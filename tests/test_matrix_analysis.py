@@ -58,7 +58,7 @@ def verdicts(analysis: MatrixAnalysis) -> dict[str, str]:
 
 
 def test_hicache_causes_bf16_widens_overlap_is_cleared_with_power() -> None:
-    spec = make_spec(["hicache", "index_k", "overlap"], labels={"hicache": "HiCache", "index_k": "bf16 index-K"})
+    spec = make_spec(["hicache", "index_k", "overlap"], labels={"hicache": "HiCache", "index_k": "index-K"})
     analysis = analyse_counts(spec, hicache_story)
     assert verdicts(analysis) == {"hicache": "causes", "index_k": "widens", "overlap": "no detectable effect"}
     hicache, index_k, overlap = analysis.factors
@@ -69,7 +69,7 @@ def test_hicache_causes_bf16_widens_overlap_is_cleared_with_power() -> None:
     assert overlap.p == 1.0 and 0 < overlap.power < 1
     text = analysis.verdict
     assert text.startswith("HiCache on (vs off) causes corruption: 28/120 vs 0/120 sessions")
-    assert "bf16 index-K bf16 (vs fp8) widens it: with HiCache on, 22/60 vs 6/60" in text
+    assert "index-K bf16 (vs fp8) widens it: with HiCache on, 22/60 vs 6/60" in text
     assert "overlap off (vs on): no detectable effect" in text and "power to detect 10 points" in text
     assert [c.name for c in analysis.cells][0] == "hicache-off_index_k-fp8_overlap-on"
     json.dumps(analysis.to_json())
@@ -81,7 +81,7 @@ def test_a_factor_that_only_acts_together_with_another_is_named_with_it() -> Non
         spec, lambda c: {"clean": 20, "corrupt": 10 if c == {"hicache": "on", "index_k": "bf16"} else 0}
     )
     assert verdicts(analysis) == {"hicache": "causes", "index_k": "causes"}
-    assert any("acts only together with index_k bf16 vs fp8" in r for r in analysis.factors[0].reasons)
+    assert any("acts only together with index_k bf16" in r for r in analysis.factors[0].reasons)
 
 
 def test_timeouts_at_the_baseline_make_a_cause_inconclusive_and_are_analysed_on_their_own() -> None:
@@ -172,11 +172,15 @@ def test_failed_runs_are_counted_not_analysed_and_reports_escape_names(tmp_path:
     runs = [CellRun(key=k, cell={"hicache": "on", "index_k": "bf16"}, replicate=1, order=0, status="failed",
                     message="cell x: enable_hierarchical_cache is False, the spec asked for True <script>")
             for k in failed]
+    linked = tmp_path / analysis.cells[0].run_dirs[0]
+    linked.mkdir(parents=True)
+    (linked / "report.html").write_text("<html></html>")
     report = write_reports(tmp_path, analysis, ["hicache", "index_k"], runs)
     html = report.html.read_text()
     assert "<b>HiCache</b>" not in html and "&lt;b&gt;HiCache&lt;/b&gt;" in html
     assert "<script>" not in html and "the spec asked for True &lt;script&gt;" in html
-    assert 'href="cells/' in html and "data:image/png;base64," in html
+    assert html.count('href="cells/') == 1 and f'href="{analysis.cells[0].run_dirs[0]}/report.html"' in html
+    assert "data:image/png;base64," in html
     suite = ET.parse(report.junit).getroot().find("testsuite")
     assert suite is not None and int(suite.get("tests")) == 4 + 2
     assert "| off | fp8 |" in report.markdown.read_text()

@@ -459,20 +459,24 @@ def _judge_corruption(spec: MatrixSpec, totals: dict, effects: list[Effect]) -> 
         alone = _effect(spec, totals, (effect.factor, effect.level, effect.baseline), "corruption", None, where)
         alone_p.append(alone.p if alone.difference is not None and alone.difference > 0 else 1.0)
     causes: list[Effect] = []
+    # Causes whose effect did not hold alone: corruption needed each of them, so they act together.
+    needed: list[Effect] = []
     for effect, p in zip(positive, _adjust(alone_p, correction)):
         at_baseline = _arm_totals(totals, effect.factor, effect.baseline)
         if p is not None and p < alpha:
             causes.append(effect)
         elif at_baseline.corrupt == 0:
             causes.append(effect)
+            needed.append(effect)
             effect.reasons.append(
                 f"no corruption in any cell with {spec.label(effect.factor)} {effect.baseline} "
                 f"(0/{at_baseline.completed})"
             )
-    for effect in causes:
-        others = [o.label for o in causes if o is not effect and o.reasons and effect.reasons]
+    for effect in needed:
+        others = [f"{spec.label(o.factor)} {o.level}" for o in needed if o is not effect]
         if others:
             effect.reasons.append("acts only together with " + ", ".join(others))
+    for effect in causes:
         tables, treated, reference = _strata(
             totals, effect.factor, effect.level, effect.baseline, EVENTS["corruption"], worst_case=True
         )

@@ -112,7 +112,7 @@ alpha {{ a.alpha }}, {{ a.correction }}-adjusted. Baseline:
 <td>{{ c.runs }}{% if c.failed %} (+{{ c.failed }} failed){% endif %}</td><td>{{ c.counts.clean }}</td><td>{{ c.counts.corrupt }}</td>
 <td>{{ c.counts.timeout }}</td><td>{{ c.counts.error }}</td><td>{{ c.counts.wedged }}</td><td>{{ rate(c) }}</td>
 <td class="l">{{ c.reasons | join("; ") }}</td>
-<td class="l">{% for d in c.run_dirs %}<a href="{{ d }}/{{ run_report }}">{{ d.split("/")[-1] }}</a> {% endfor %}</td></tr>
+<td class="l">{% for d in c.run_dirs %}{% if d in reported %}<a href="{{ d }}/{{ run_report }}">{{ d.split("/")[-1] }}</a>{% else %}{{ d.split("/")[-1] }}{% endif %} {% endfor %}</td></tr>
 {% endfor %}</table>
 {% if plot %}<h2>{{ plot.title }}</h2><img src="{{ plot.data_uri }}" alt="{{ plot.alt }}">{% endif %}
 {% for title, rows in tables %}{% if rows %}
@@ -130,8 +130,10 @@ alpha {{ a.alpha }}, {{ a.correction }}-adjusted. Baseline:
 )
 
 
-def render_html(analysis: MatrixAnalysis, factors: list[str], runs: list[CellRun]) -> str:
+def render_html(analysis: MatrixAnalysis, factors: list[str], runs: list[CellRun], reported: set[str]) -> str:
+    """The page; `reported` holds the run directories (relative) that have their own report.html to link."""
     return _TEMPLATE.render(
+        reported=reported,
         a=analysis,
         factors=factors,
         plot=effects_plot(analysis.factors),
@@ -199,7 +201,8 @@ def write_reports(path: Path, analysis: MatrixAnalysis, factors: list[str], runs
     """Write report.html, report.md and junit.xml into the matrix directory."""
     root = Path(path)
     report = MatrixReport(root / HTML, root / MARKDOWN, root / JUNIT)
-    report.html.write_text(render_html(analysis, factors, runs), encoding="utf-8")
+    reported = {d for cell in analysis.cells for d in cell.run_dirs if (root / d / RUN_REPORT).exists()}
+    report.html.write_text(render_html(analysis, factors, runs, reported), encoding="utf-8")
     report.markdown.write_text(render_markdown(analysis, factors), encoding="utf-8")
     report.junit.write_text(render_junit(analysis), encoding="utf-8")
     return report
