@@ -54,8 +54,13 @@ class Costs:
     main_kv_bytes: int = 656
     """Per token and layer: MLA latent + rope, fp8."""
     index_k_bytes_fp8: int = 132
+    """Per token and layer: the fused fp8 index-K with its scale; `--index-k-dtype bf16` doubles it."""
     link_bytes_per_s: float = 1.7e9
-    """Effective host-to-device rate of page-scattered layer copies, far below the PCIe peak."""
+    """Effective host-to-device rate of page-scattered layer copies, far below the PCIe peak.
+
+    The calibration knob: with the default workload it puts bf16 at 10-20% of 60 sessions and fp8 at
+    none (benchmarks/calibrate_sim.py measures it).
+    """
     tokens_per_step: int = 8
     """Tokens each running request gains per decode step: streams get chunks of several tokens."""
 
