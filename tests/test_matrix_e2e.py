@@ -102,6 +102,11 @@ def test_sim_matrix_names_hicache_a_cause_and_no_factor_without_effect_over_seve
             # No corruption without bf16 either: the data cannot rank the two, and the matrix says so.
             assert index_k["verdict"] == "causes", detail
             assert "acts only together with index-K bf16" in result["verdict"], detail
+        for cell in result["cells"]:
+            assert cell["confirmed"]["server"] == {
+                "enable_hierarchical_cache": cell["levels"]["hicache"] == "on",
+                "index_k_dtype": cell["levels"]["index_k"],
+            }
         for record in progress(matrix):
             info = record["server_info"]["server"]
             assert info["enable_hierarchical_cache"] is (record["cell"]["hicache"] == "on")

@@ -96,6 +96,8 @@ class CellResult:
     inconclusive: bool
     reasons: list[str]
     run_dirs: list[str]
+    confirmed: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per process, the `/server_info` values of the keys the spec asked to confirm (first finished run)."""
 
 
 @dataclass
@@ -193,9 +195,20 @@ def _cells(spec: MatrixSpec, runs: list[CellRun], order: list[tuple[tuple[str, s
                 inconclusive=verdict.inconclusive,
                 reasons=list(verdict.reasons),
                 run_dirs=[r.run_dir for r in mine if r.run_dir and r.status == "finished"],
+                confirmed=next((_confirmed(r) for r in mine if r.status == "finished"), {}),
             )
         )
     return results
+
+
+def _confirmed(run: CellRun) -> dict[str, dict[str, Any]]:
+    infos = run.server_info or {}
+    found = {}
+    for process in run.launch.get("processes", []):
+        info = infos.get(process["name"])
+        if info is not None and process.get("expect"):
+            found[process["name"]] = {key: info.get(key) for key in process["expect"]}
+    return found
 
 
 Table = tuple[int, int, int, int]
