@@ -152,6 +152,7 @@ def test_resume_after_sigkill_loses_no_finished_cell(tmp_path: Path) -> None:
     result = json.loads((matrix / "matrix.json").read_text())
     assert result["runs"] == {"planned": 4, "finished": 4, "failed": 0}
     assert sum(c["counts"]["clean"] + c["counts"]["corrupt"] for c in result["cells"]) == 16
+    assert not list(matrix.glob("cells/*/report.html"))  # --no-cell-reports
     assert all(group_gone(g) for g in launched_groups(matrix))
 
 
@@ -171,11 +172,16 @@ def test_configuration_mismatch_stops_the_matrix_with_exit_3_and_nothing_running
     assert "Traceback" not in done.stderr
     assert all(group_gone(g) for g in launched_groups(matrix))
     json.loads((matrix / "matrix.json").read_text())
-    going = subprocess.run([*REPRO, "matrix", str(spec), "--out", str(tmp_path / "k"), "--keep-going",
-                            "--no-cell-reports"], capture_output=True, text=True, timeout=180, cwd=ROOT)
+    going = subprocess.run([*REPRO, "matrix", str(spec), "--out", str(tmp_path / "k"), "--keep-going"],
+                           capture_output=True, text=True, timeout=180, cwd=ROOT)
     assert going.returncode == 3, going.stderr[-2000:]
-    statuses = sorted(r["status"] for r in progress(tmp_path / "k"))
-    assert statuses == ["failed", "failed", "finished", "finished"]
+    records = progress(tmp_path / "k")
+    assert sorted(r["status"] for r in records) == ["failed", "failed", "finished", "finished"]
+    page = (tmp_path / "k" / "report.html").read_text()
+    for record in records:
+        if record["status"] == "finished":
+            assert (tmp_path / "k" / record["run_dir"] / "report.html").exists()
+            assert f'href="{record["run_dir"]}/report.html"' in page
 
 
 @pytest.mark.parametrize(

@@ -25,11 +25,11 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from repro.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_TARGET, ReproError, TargetError, UsageError
+from repro.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_TARGET, TargetError, UsageError
 from repro.matrix.analysis import CellRun, MatrixAnalysis, analyse, cell_counts
 from repro.matrix.deploy import CellDeployment, describe, resolve, stop_stale
 from repro.matrix.design import Cell, PlannedRun, cells, plan
-from repro.matrix.report import RUN_REPORT, write_reports
+from repro.matrix.report import write_reports
 from repro.matrix.spec import MatrixSpec, load_spec
 from repro.records import Summary
 from repro.store import SUMMARY, dump_json, slug
@@ -200,8 +200,6 @@ class MatrixRunner:
                 record = self._run_one(run)
                 self.records[run.key] = record
                 _append_progress(self.path / PROGRESS, record)
-                if record.status == "finished" and self.cell_reports:
-                    self._cell_report(self.path / CELLS / run.key)
                 self._write_matrix(effects=False)
                 self._show(run, record)
                 if record.status == "failed":
@@ -213,14 +211,6 @@ class MatrixRunner:
             exit_code = EXIT_INTERRUPTED
         analysis = self._write_matrix()
         return MatrixResult(self.path, analysis, exit_code)
-
-    def _cell_report(self, run_dir: Path) -> None:
-        from repro.report import render_report
-
-        try:
-            render_report([run_dir], run_dir / RUN_REPORT)
-        except ReproError as err:
-            self.console.print(Text(f"  no report for {run_dir.name}: {err}"))
 
     def _run_one(self, run: PlannedRun) -> CellRun:
         from repro.runner import RunOptions, execute_run  # the load layer
@@ -246,7 +236,7 @@ class MatrixRunner:
                     self.console.print(
                         Text(f"  no /server_info on {', '.join(confirmation.unconfirmed)}: configuration not confirmed")
                     )
-                result = execute_run(options, console=self.console, live=False)
+                result = execute_run(options, console=self.console, live=False, report=self.cell_reports)
         except TargetError as err:
             return CellRun(status="failed", message=str(err), duration_s=time.monotonic() - started, **base)
         if result.summary.interrupted:
