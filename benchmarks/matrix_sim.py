@@ -40,7 +40,8 @@ def main() -> None:
         print(f"{'run':34} {'clean':>5} {'corrupt':>7} {'timeout':>7} {'error':>5} {'wall s':>7}")
         for r in records:
             c = r["counts"]
-            print(f"{r['key']:34} {c['clean']:>5} {c['corrupt']:>7} {c['timeout']:>7} {c['error']:>5} {r['duration_s']:>7.1f}")
+            print(f"{r['key']:34} {c['clean']:>5} {c['corrupt']:>7} {c['timeout']:>7} {c['error']:>5} "
+                  f"{r['duration_s']:>7.1f}")
         in_runs = sum(r["duration_s"] for r in records)
         print(f"matrix wall time {wall:.1f}s: {in_runs:.1f}s in runs (launch, readiness, load, teardown), "
               f"{wall - in_runs:.1f}s elsewhere (start-up, analysis, reports)")

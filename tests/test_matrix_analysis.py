@@ -19,7 +19,9 @@ Outcomes = Callable[[dict[str, str]], dict[str, int]]
 
 
 def make_spec(factors: list[str], *, design: dict | None = None, labels: dict[str, str] | None = None) -> MatrixSpec:
-    levels = {"hicache": ["off", "on"], "index_k": ["fp8", "bf16"], "overlap": ["on", "off"], "cuda_graph": ["on", "off"]}
+    levels = {
+        "hicache": ["off", "on"], "index_k": ["fp8", "bf16"], "overlap": ["on", "off"], "cuda_graph": ["on", "off"]
+    }
     return MatrixSpec.model_validate(
         {
             "name": "hand-made",

@@ -1,7 +1,8 @@
 """`repro matrix` end to end: real `repro matrix` processes launching real simulator processes per cell.
 
 The simulator matrix must name HiCache as a cause (and bf16 index-K as its amplifier whenever HiCache
-corrupted without it), over several design seeds; Ctrl-C and errors must leave no process behind; SIGKILL must lose no finished cell.
+corrupted without it), over several design seeds; Ctrl-C and errors must leave no process behind;
+SIGKILL must lose no finished cell.
 """
 
 from __future__ import annotations

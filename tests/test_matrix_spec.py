@@ -102,7 +102,8 @@ def test_cross_field_errors_name_field_and_line(tmp_path: Path) -> None:
 
 
 def test_deployment_needs_exactly_one_form(tmp_path: Path) -> None:
-    message = error_of(tmp_path, BASE.replace("  port: ${port}\n", "  port: ${port}\n  external: {setup: a, teardown: b, url: http://h}\n"))
+    external = "  port: ${port}\n  external: {setup: a, teardown: b, url: http://h}\n"
+    message = error_of(tmp_path, BASE.replace("  port: ${port}\n", external))
     assert "deployment" in message and "exactly one of command, processes, external" in message
 
 
@@ -133,10 +134,9 @@ def test_full_factorial_baseline_first_and_interleaved_order(tmp_path: Path) -> 
 
 
 def test_list_design(tmp_path: Path) -> None:
-    text = BASE.replace(
-        "design:\n", "design:\n  type: list\n  cells:\n    - {hicache: off, index_k: fp8}\n    - {hicache: on, index_k: bf16}\n"
-    )
-    assert [c.name for c in cells(load_spec(write(tmp_path, text)))] == ["hicache-off_index_k-fp8", "hicache-on_index_k-bf16"]
+    listed = "design:\n  type: list\n  cells:\n    - {hicache: off, index_k: fp8}\n    - {hicache: on, index_k: bf16}\n"
+    names = [c.name for c in cells(load_spec(write(tmp_path, BASE.replace("design:\n", listed))))]
+    assert names == ["hicache-off_index_k-fp8", "hicache-on_index_k-bf16"]
     bad = BASE.replace("design:\n", "design:\n  type: list\n  cells:\n    - {hicache: off}\n")
     assert "design.cells.0: no level given for factor 'index_k'" in error_of(tmp_path, bad)
 

@@ -332,7 +332,9 @@ def firth(
         model.lrt()
         intervals = model.conf_int(method="pl")
     return {
-        name: FirthTerm(float(model.coef_[i]), float(intervals[i][0]), float(intervals[i][1]), float(model.lrt_pvalues_[i]))
+        name: FirthTerm(
+            float(model.coef_[i]), float(intervals[i][0]), float(intervals[i][1]), float(model.lrt_pvalues_[i])
+        )
         for i, (name, _) in enumerate(columns)
     }
 
@@ -532,9 +534,8 @@ def _judge_widening(spec: MatrixSpec, totals: dict, candidates: list[Effect], ca
         for cause in causes:
             if cause.factor == effect.factor:
                 continue
-            within = _effect(
-                spec, totals, (effect.factor, effect.level, effect.baseline), "corruption", None, {cause.factor: cause.level}
-            )
+            comparison = (effect.factor, effect.level, effect.baseline)
+            within = _effect(spec, totals, comparison, "corruption", None, {cause.factor: cause.level})
             if within.p is not None:
                 tests.append((effect, cause, within))
     adjusted = _adjust([within.p for _, _, within in tests], spec.design.correction)
@@ -633,7 +634,9 @@ def verdict_paragraph(spec: MatrixSpec, analysis: MatrixAnalysis) -> str:
         elif effect.verdict == "inconclusive":
             sentences.append(f"{name}: inconclusive ({'; '.join(effect.reasons)}).")
         else:
-            power = f"power to detect {spec.design.detect * 100:.0f} points: {effect.power:.2f}" if effect.power is not None else "power unknown"
+            power = "power unknown"
+            if effect.power is not None:
+                power = f"power to detect {spec.design.detect * 100:.0f} points: {effect.power:.2f}"
             sentences.append(f"{name}: no detectable effect ({_arms(effect)}, {power}).")
     for effect in analysis.interactions:
         if effect.verdict in ("causes", "reduces"):

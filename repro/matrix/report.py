@@ -185,7 +185,8 @@ def render_junit(analysis: MatrixAnalysis) -> str:
             ET.SubElement(case, "skipped", message=xml_text("; ".join(cell.reasons)))
         cases.append(case)
     for effect in analysis.factors:
-        case = ET.Element("testcase", classname=xml_text(f"repro.matrix.{analysis.name}.factor"), name=xml_text(effect.label))
+        classname = xml_text(f"repro.matrix.{analysis.name}.factor")
+        case = ET.Element("testcase", classname=classname, name=xml_text(effect.label))
         _properties(case, {"verdict": effect.verdict, "p": effect.p, "p_adjusted": effect.p_adjusted,
                            "difference": effect.difference})
         if effect.verdict in ("causes", "widens"):

@@ -207,7 +207,9 @@ class MatrixRunner:
                     if not self.keep_going:
                         break
         except KeyboardInterrupt:
-            self.console.print("matrix interrupted: every process stopped; finished cells are kept (resume with --resume)")
+            self.console.print(
+                Text("matrix interrupted: every process stopped; finished cells are kept (resume with --resume)")
+            )
             exit_code = EXIT_INTERRUPTED
         analysis = self._write_matrix()
         return MatrixResult(self.path, analysis, exit_code)
@@ -225,7 +227,9 @@ class MatrixRunner:
             seed=int(load.get("seed", 0)) + run.replicate - 1,
         )
         options = RunOptions.model_validate(load)
-        base = dict(key=run.key, cell=run.cell.as_dict(), replicate=run.replicate, order=run.order, launch=describe(launch))
+        base = dict(
+            key=run.key, cell=run.cell.as_dict(), replicate=run.replicate, order=run.order, launch=describe(launch)
+        )
         self.console.print(
             Text(f"[{run.order + 1}/{len(self.runs)}] cell {run.cell.name} replicate {run.replicate}: launching")
         )

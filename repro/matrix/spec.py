@@ -1,9 +1,9 @@
 """The matrix spec: a validated model of the YAML file, and its loader that names the field and line of
 any error.
 
-Strings in deployments and levels may use `${name}` variables (bare `$VAR` is left to the shell): those declared under `variables:`
-(overridable with `--var name=value`; the value `auto` means a fresh free port for every cell) and the
-built-ins of BUILTIN_VARIABLES.
+Strings in deployments and levels may use `${name}` variables (a bare `$VAR` is left to the shell):
+those declared under `variables:` (overridable with `--var name=value`; the value `auto` means a
+fresh free port for every cell) and the built-ins of BUILTIN_VARIABLES.
 """
 
 from __future__ import annotations
@@ -159,7 +159,11 @@ class Deployment(_Model):
         if self.command is not None:
             return [
                 ProcessSpec(
-                    name="server", command=self.command, port=self.port, ready_url=self.ready_url, info_url=self.info_url
+                    name="server",
+                    command=self.command,
+                    port=self.port,
+                    ready_url=self.ready_url,
+                    info_url=self.info_url,
                 )
             ]
         return list(self.processes or [])
@@ -231,7 +235,10 @@ class MatrixSpec(_Model):
                 where = ("factors", fname, "levels", lname)
                 if level.deployment is not None and level.deployment not in deployments:
                     found.append(
-                        ((*where, "deployment"), f"no deployment named {level.deployment!r} (have {sorted(deployments)})")
+                        (
+                            (*where, "deployment"),
+                            f"no deployment named {level.deployment!r} (have {sorted(deployments)})",
+                        )
                     )
                 unknown = sorted(set(level.processes or ()) - processes)
                 if unknown:
