@@ -73,19 +73,52 @@ TINY = {"sessions": 4, "concurrency": 4, "turns": 3}
 ONE = {"replicates": 1}
 
 
+QUICK = {"sessions": 24, "concurrency": 24, "turns": 14}
+QUICK_SIM = {"time_scale": "0.1", "final_after": "12"}
+
+
+def null_factor_spec(tmp_path: Path) -> Path:
+    """HiCache against the host-tier write policy, which the simulator's race does not depend on at all."""
+    path = sim_spec(tmp_path, "null", load=QUICK, variables=QUICK_SIM,
+                    design={"seed": 44, "min_completed": 20, "replicates": 1, "alpha": 0.01,
+                            "baseline": {"hicache": "off", "write_policy": "write_through"}})
+    spec = yaml.load(path.read_text(), Loader=SpecLoader)
+    spec["factors"] = {
+        "hicache": spec["factors"]["hicache"],
+        "write_policy": {"label": "write policy", "levels": {
+            policy: {"flags": f"--hicache-write-policy {policy}", "confirm": {"hicache_write_policy": policy}}
+            for policy in ("write_through", "write_back")
+        }},
+    }
+    spec["deployment"]["command"] += " --index-k-dtype bf16"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False), encoding="utf-8")
+    return path
+
+
 def test_sim_matrix_names_hicache_a_cause_and_no_factor_without_effect_over_several_seeds(tmp_path: Path) -> None:
-    # Three design seeds (run order and simulator seeds) at once: the HiCache-off cells mostly wait on
-    # the simulated clock, so the matrices overlap well on two cores.
+    # Three design seeds (run order and simulator seeds) and the null-factor matrix at once: the
+    # HiCache-off cells mostly wait on the simulated clock, so the matrices overlap well on two cores.
     seeds = [11, 22, 33]
-    procs = {}
-    for seed in seeds:
-        spec = sim_spec(tmp_path, f"seed{seed}", design={"seed": seed, "min_completed": 20, "replicates": 1},
-                        load={"sessions": 24, "concurrency": 24, "turns": 14},
-                        variables={"time_scale": "0.1", "final_after": "12"})
-        procs[seed] = start(["matrix", str(spec), "--out", str(tmp_path / f"m{seed}"), "--no-cell-reports"],
-                            tmp_path / f"m{seed}.log")
-    for seed, proc in procs.items():
-        assert proc.wait(timeout=400) == 0, (tmp_path / f"m{seed}.log").read_text()[-3000:]
+    specs = {
+        f"m{seed}": sim_spec(tmp_path, f"seed{seed}", load=QUICK, variables=QUICK_SIM,
+                             design={"seed": seed, "min_completed": 20, "replicates": 1})
+        for seed in seeds
+    }
+    specs["null"] = null_factor_spec(tmp_path)
+    procs = {
+        name: start(["matrix", str(spec), "--out", str(tmp_path / name), "--no-cell-reports"], tmp_path / f"{name}.log")
+        for name, spec in specs.items()
+    }
+    for name, proc in procs.items():
+        assert proc.wait(timeout=400) == 0, (tmp_path / f"{name}.log").read_text()[-3000:]
+
+    null = json.loads((tmp_path / "null" / "matrix.json").read_text())
+    verdicts = {f["factor"]: f["verdict"] for f in null["factors"]}
+    assert verdicts["hicache"] == "causes", null["verdict"]
+    assert verdicts["write_policy"] in ("no detectable effect", "inconclusive"), null["verdict"]
+    assert "write policy write_back (vs write_through):" in null["verdict"]
+    for word in ("causes", "widens", "reduces"):
+        assert f"write policy write_back (vs write_through) {word}" not in null["verdict"]
     for seed in seeds:
         matrix = tmp_path / f"m{seed}"
         result = json.loads((matrix / "matrix.json").read_text())
