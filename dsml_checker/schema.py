@@ -180,7 +180,7 @@ def _combinator_checks(schema: dict[str, Any]) -> list[Check]:
 
         def anyof(value: Any) -> str | None:
             if all(option(value) for option in options):
-                return f": matches none of anyOf"
+                return ": matches none of anyOf"
             return None
 
         checks.append(anyof)
@@ -205,10 +205,10 @@ def compile_schema(schema: Any) -> Check:
     checks: list[Check | None] = [_type_check(schema["type"]) if "type" in schema else None]
     if isinstance(schema.get("enum"), list):
         options = schema["enum"]
-        checks.append(lambda v: None if any(json_equal(v, o) for o in options) else f": not one of the enum values")
+        checks.append(lambda v: None if any(json_equal(v, o) for o in options) else ": not one of the enum values")
     if "const" in schema:
         const = schema["const"]
-        checks.append(lambda v: None if json_equal(v, const) else f": not the const value")
+        checks.append(lambda v: None if json_equal(v, const) else ": not the const value")
     checks += [_object_check(schema), _array_check(schema), *_scalar_checks(schema), *_combinator_checks(schema)]
     return _chain([c for c in checks if c is not None])
 

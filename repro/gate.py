@@ -13,7 +13,8 @@ from typing import Any, Literal
 
 from repro.errors import EXIT_FAILED, EXIT_INCONCLUSIVE, EXIT_OK, UsageError
 from repro.report.junit import gate_cases, junit_xml
-from repro.report.model import DEFAULT_MAX_TIMEOUT_RATE, DEFAULT_MIN_COMPLETED, Counts, fmt_conf, fmt_pct
+from repro.report.model import DEFAULT_MAX_TIMEOUT_RATE, DEFAULT_MIN_COMPLETED, fmt_conf, fmt_pct
+from repro.records import OutcomeCounts
 from repro.stats import assess_inconclusive, clopper_pearson, compare, upper_bound
 from repro.store import Run, load_run
 
@@ -61,7 +62,7 @@ def _lower_bound(k: int, n: int, confidence: float) -> float:
     return clopper_pearson(k, n, 2 * confidence - 1).low
 
 
-def _evidence(counts: Counts, *, threshold: float, confidence: float, min_completed: int,
+def _evidence(counts: OutcomeCounts, *, threshold: float, confidence: float, min_completed: int,
               max_timeout_rate: float) -> GateCheck:
     verdict = assess_inconclusive(
         counts.clean, counts.corrupt, counts.timeout, counts.error,
@@ -79,7 +80,7 @@ def _evidence(counts: Counts, *, threshold: float, confidence: float, min_comple
     return GateCheck("evidence", "pass", f"evidence: ok: {facts}", numbers)
 
 
-def _rate(counts: Counts, *, limit: float, confidence: float) -> GateCheck:
+def _rate(counts: OutcomeCounts, *, limit: float, confidence: float) -> GateCheck:
     k, n = counts.corrupt, counts.completed
     conf = fmt_conf(confidence)
     if n == 0:
@@ -109,8 +110,8 @@ def _rate(counts: Counts, *, limit: float, confidence: float) -> GateCheck:
                      "run more sessions", numbers)
 
 
-def _baseline(counts: Counts, base: Run, *, confidence: float) -> GateCheck:
-    ref = Counts.of(base.sessions)
+def _baseline(counts: OutcomeCounts, base: Run, *, confidence: float) -> GateCheck:
+    ref = OutcomeCounts.of(base.sessions)
     k, n, kb, nb = counts.corrupt, counts.completed, ref.corrupt, ref.completed
     numbers: dict[str, Any] = {"k": k, "n": n, "baseline_k": kb, "baseline_n": nb, "baseline": base.name}
     if n == 0 or nb == 0:
@@ -152,7 +153,7 @@ def evaluate(
         raise UsageError(f"--min-completed must be at least 1, got {min_completed}")
     run = _load(run_dir)
     base = _load(baseline) if baseline is not None else None
-    counts = Counts.of(run.sessions)
+    counts = OutcomeCounts.of(run.sessions)
     checks = [
         _evidence(counts, threshold=max_corruption_rate, confidence=confidence, min_completed=min_completed,
                   max_timeout_rate=timeout_limit),

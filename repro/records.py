@@ -6,7 +6,8 @@ the on-disk format that other tools read: add fields freely, never rename or rem
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from dataclasses import astuple, dataclass
+from typing import Any, Literal, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -20,6 +21,46 @@ SessionOutcome = Literal["clean", "corrupt", "timeout", "error", "interrupted"]
 """A session's outcome. `interrupted` is a session still in flight when the run was stopped (Ctrl-C)."""
 
 OUTCOMES: tuple[SessionOutcome, ...] = ("clean", "corrupt", "timeout", "error", "interrupted")
+
+
+@dataclass(frozen=True)
+class OutcomeCounts:
+    """Sessions per outcome: the tally every summary, report, gate and matrix verdict starts from."""
+
+    clean: int = 0
+    corrupt: int = 0
+    timeout: int = 0
+    error: int = 0
+    interrupted: int = 0
+    wedged: int = 0
+    suspect: int = 0
+    """Clean sessions with at least one suspect turn (soft findings only)."""
+
+    @property
+    def completed(self) -> int:
+        """Sessions that observed the corruption rate: only clean and corrupt ones do."""
+        return self.clean + self.corrupt
+
+    @property
+    def total(self) -> int:
+        return self.clean + self.corrupt + self.timeout + self.error + self.interrupted
+
+    def outcomes(self) -> dict[str, int]:
+        """Every outcome of OUTCOMES with its count, zero included (summary.json's `counts`)."""
+        return {outcome: getattr(self, outcome) for outcome in OUTCOMES}
+
+    def __add__(self, other: "OutcomeCounts") -> "OutcomeCounts":
+        return OutcomeCounts(*(a + b for a, b in zip(astuple(self), astuple(other))))
+
+    @classmethod
+    def of(cls, sessions: Sequence["SessionRecord"]) -> "OutcomeCounts":
+        tally = dict.fromkeys(OUTCOMES, 0)
+        wedged = suspect = 0
+        for session in sessions:
+            tally[session.outcome] += 1
+            wedged += session.wedged
+            suspect += session.outcome == "clean" and any(turn.verdict == "suspect" for turn in session.turns)
+        return cls(**tally, wedged=wedged, suspect=suspect)
 
 
 class _Record(BaseModel):

@@ -11,7 +11,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from repro.records import OUTCOMES, Percentiles, RateEstimate, SessionRecord, Summary
+from repro.records import OutcomeCounts, Percentiles, RateEstimate, SessionRecord, Summary
 from repro.stats import Interval, assess_inconclusive, clopper_pearson, timeout_bounds
 
 MIN_COMPLETED = 20
@@ -47,27 +47,26 @@ def summarize(
     min_completed: int = MIN_COMPLETED,
 ) -> Summary:
     """The summary of a run from its session records."""
-    counts = {outcome: 0 for outcome in OUTCOMES}
-    counts.update(Counter(session.outcome for session in sessions))
-    clean, corrupt, timeout, error = (counts[key] for key in ("clean", "corrupt", "timeout", "error"))
-    completed = clean + corrupt
+    tally = OutcomeCounts.of(sessions)
+    clean, corrupt, timeout, error = tally.clean, tally.corrupt, tally.timeout, tally.error
+    completed = tally.completed
     worst, best = timeout_bounds(corrupt, clean, timeout)
     verdict = assess_inconclusive(clean, corrupt, timeout, error, min_completed=min_completed)
     reasons = list(verdict.reasons)
     if interrupted:
-        reasons.append(f"the run was interrupted ({counts['interrupted']} sessions in flight)")
+        reasons.append(f"the run was interrupted ({tally.interrupted} sessions in flight)")
     turns = [turn for session in sessions for turn in session.turns]
     turn_counts: Counter[str] = Counter()
     for turn in turns:
         turn_counts[turn.verdict if turn.status == "ok" and turn.verdict else turn.status] += 1
     return Summary(
         sessions=len(sessions),
-        counts=counts,
-        wedged=sum(1 for session in sessions if session.wedged),
+        counts=tally.outcomes(),
+        wedged=tally.wedged,
         corruption_rate=rate(clopper_pearson(corrupt, completed), corrupt, completed),
         worst_case=rate(worst, corrupt + timeout, completed + timeout),
         best_case=rate(best, corrupt, completed + timeout),
-        suspect_sessions=sum(1 for s in sessions if any(turn.verdict == "suspect" for turn in s.turns)),
+        suspect_sessions=tally.suspect,
         inconclusive=verdict.inconclusive or interrupted,
         inconclusive_reasons=reasons,
         turns=len(turns),

@@ -3,7 +3,6 @@ failures, and `/server_info` confirmation that stops a cell running the wrong co
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from pathlib import Path
@@ -17,19 +16,10 @@ from repro.matrix.deploy import CellDeployment, ConfirmationError, mismatches, p
 from repro.matrix.design import plan
 from repro.matrix.spec import MatrixSpec
 
+from proc_helpers import group_gone
+
 SIM = "${python} -m repro.sim serve --host 127.0.0.1 --port ${port} --time-scale 0"
 READY = {"timeout": 30, "interval": 0.05}
-
-
-def group_gone(pgid: int, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def spec_of(factors: dict[str, Any], deployment: dict[str, Any], **extra: Any) -> MatrixSpec:

@@ -21,6 +21,8 @@ import yaml
 
 from repro.matrix.spec import SpecLoader
 
+from proc_helpers import group_gone
+
 ROOT = Path(__file__).resolve().parent.parent
 SIM_SPEC = ROOT / "matrices" / "sim_hicache_bf16.yaml"
 REPRO = [sys.executable, "-c", "from repro.cli import main; main()"]
@@ -50,14 +52,6 @@ def poll(condition: Callable[[], bool], timeout: float, what: str) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.05)
-
-
-def group_gone(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return True
-    return False
 
 
 def launched_groups(matrix: Path) -> list[int]:
@@ -162,7 +156,7 @@ def test_sigint_mid_cell_stops_every_process_and_keeps_what_finished(tmp_path: P
             os.killpg(proc.pid, signal.SIGKILL)
     groups = [proc.pid, *launched_groups(matrix)]
     assert len(groups) >= 2
-    poll(lambda: all(group_gone(g) for g in groups), 15, "every process group to end")
+    poll(lambda: all(group_gone(g, timeout=0) for g in groups), 15, "every process group to end")
     assert "interrupted" in (tmp_path / "m.log").read_text()
     assert (matrix / "matrix.json").exists() and progress(matrix) == []
 

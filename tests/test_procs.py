@@ -1,6 +1,5 @@
 """Launched processes: whole groups stop, dead servers are reported with their output."""
 
-import os
 import sys
 import time
 from pathlib import Path
@@ -10,16 +9,7 @@ import pytest
 from repro.errors import TargetError
 from repro.procs import free_port, start_process, wait_http_ready
 
-
-def _group_gone(pgid: int, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return True
-        time.sleep(0.05)
-    return False
+from proc_helpers import group_gone
 
 
 def test_stop_kills_children_that_ignore_sigterm(tmp_path: Path) -> None:
@@ -29,7 +19,7 @@ def test_stop_kills_children_that_ignore_sigterm(tmp_path: Path) -> None:
     while "started" not in proc.log_tail() and time.monotonic() < deadline:
         time.sleep(0.02)
     proc.stop(timeout=0.5)
-    assert _group_gone(proc.pgid)
+    assert group_gone(proc.pgid)
 
 
 def test_wait_http_ready_names_the_dead_process_and_its_output(tmp_path: Path) -> None:
@@ -58,7 +48,7 @@ def test_ready_server_is_seen(tmp_path: Path) -> None:
         wait_http_ready(f"http://127.0.0.1:{port}/", timeout=20, process=proc)
     finally:
         proc.stop()
-    assert _group_gone(proc.pgid)
+    assert group_gone(proc.pgid)
 
 
 def test_missing_executable_is_a_target_error() -> None:

@@ -9,20 +9,21 @@ from __future__ import annotations
 
 import itertools
 import warnings
-from dataclasses import asdict, astuple, dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
-from statsmodels.stats.proportion import confint_proportions_2indep
 
 from repro.matrix.design import Cell
 from repro.matrix.spec import MatrixSpec
+from repro.records import OUTCOMES, OutcomeCounts
 from repro.stats import (
     assess_inconclusive,
     benjamini_hochberg,
     clopper_pearson,
     holm,
+    newcombe_difference,
     power_two_proportions,
     stratified_exact_test,
 )
@@ -53,33 +54,13 @@ class CellRun(BaseModel):
     duration_s: float = 0.0
 
 
-@dataclass(frozen=True)
-class Counts:
-    clean: int = 0
-    corrupt: int = 0
-    timeout: int = 0
-    error: int = 0
-    wedged: int = 0
-
-    @property
-    def completed(self) -> int:
-        return self.clean + self.corrupt
-
-    @property
-    def sessions(self) -> int:
-        return self.clean + self.corrupt + self.timeout + self.error
-
-    def __add__(self, other: "Counts") -> "Counts":
-        return Counts(*(a + b for a, b in zip(astuple(self), astuple(other))))
-
-
 Outcome = Literal["corruption", "timeout", "wedge"]
 
-EVENTS: dict[str, Callable[[Counts], tuple[int, int]]] = {
+EVENTS: dict[str, Callable[[OutcomeCounts], tuple[int, int]]] = {
     # Corruption is judged over completed sessions only; a timeout proves neither clean nor corrupt.
     "corruption": lambda c: (c.corrupt, c.completed),
-    "timeout": lambda c: (c.timeout, c.sessions),
-    "wedge": lambda c: (c.wedged, c.sessions),
+    "timeout": lambda c: (c.timeout, c.total),
+    "wedge": lambda c: (c.wedged, c.total),
 }
 
 
@@ -89,7 +70,7 @@ class CellResult:
     levels: dict[str, str]
     runs: int
     failed: int
-    counts: Counts
+    counts: OutcomeCounts
     rate: float | None
     rate_low: float
     rate_high: float
@@ -154,16 +135,16 @@ class MatrixAnalysis:
         return asdict(self)
 
 
-def cell_counts(runs: list[CellRun]) -> dict[tuple[tuple[str, str], ...], Counts]:
+def cell_counts(runs: list[CellRun]) -> dict[tuple[tuple[str, str], ...], OutcomeCounts]:
     """Finished runs summed per cell (replicates pooled)."""
-    found: dict[tuple[tuple[str, str], ...], Counts] = {}
+    found: dict[tuple[tuple[str, str], ...], OutcomeCounts] = {}
     for run in runs:
         if run.status != "finished":
             continue
         key = tuple(run.cell.items())
         c = run.counts
-        counts = Counts(c.get("clean", 0), c.get("corrupt", 0), c.get("timeout", 0), c.get("error", 0), run.wedged)
-        found[key] = found.get(key, Counts()) + counts
+        counts = OutcomeCounts(**{outcome: c.get(outcome, 0) for outcome in OUTCOMES}, wedged=run.wedged)
+        found[key] = found.get(key, OutcomeCounts()) + counts
     return found
 
 
@@ -172,7 +153,7 @@ def _cells(spec: MatrixSpec, runs: list[CellRun], order: list[tuple[tuple[str, s
     totals = cell_counts(runs)
     for key in order:
         mine = [r for r in runs if tuple(r.cell.items()) == key]
-        counts = totals.get(key, Counts())
+        counts = totals.get(key, OutcomeCounts())
         rate = clopper_pearson(counts.corrupt, counts.completed)
         verdict = assess_inconclusive(
             counts.clean,
@@ -215,18 +196,18 @@ Table = tuple[int, int, int, int]
 
 
 def _strata(
-    totals: dict[tuple[tuple[str, str], ...], Counts],
+    totals: dict[tuple[tuple[str, str], ...], OutcomeCounts],
     factor: str,
     level: str,
     baseline: str,
-    event: Callable[[Counts], tuple[int, int]],
+    event: Callable[[OutcomeCounts], tuple[int, int]],
     where: dict[str, str] | None = None,
     worst_case: bool = False,
 ) -> tuple[list[Table], Arm, Arm]:
     """One 2x2 table (events and non-events, treated then reference) per combination of the other
     factors, only for strata that hold both arms; also the pooled arms over those strata.
     `worst_case` counts the reference arm's timeouts as events (against a "causes" claim)."""
-    arms: dict[tuple, dict[str, Counts]] = {}
+    arms: dict[tuple, dict[str, OutcomeCounts]] = {}
     for key, counts in totals.items():
         levels = dict(key)
         if levels[factor] not in (level, baseline):
@@ -235,7 +216,7 @@ def _strata(
             continue
         stratum = tuple((f, lv) for f, lv in key if f != factor)
         side = "t" if levels[factor] == level else "r"
-        arms.setdefault(stratum, {})[side] = arms.get(stratum, {}).get(side, Counts()) + counts
+        arms.setdefault(stratum, {})[side] = arms.get(stratum, {}).get(side, OutcomeCounts()) + counts
     tables: list[Table] = []
     treated, reference = Arm(0, 0), Arm(0, 0)
     for sides in arms.values():
@@ -305,7 +286,7 @@ class FirthTerm:
 
 
 def firth(
-    spec: MatrixSpec, totals: dict[tuple[tuple[str, str], ...], Counts], baseline: dict[str, str], interactions: bool
+    spec: MatrixSpec, totals: dict[tuple[tuple[str, str], ...], OutcomeCounts], baseline: dict[str, str], interactions: bool
 ) -> dict[str, FirthTerm] | None:
     """Firth-penalised logistic regression of corruption (per completed session) on treatment-coded
     factor levels, and their pairwise products when `interactions`; None when the cells run cannot
@@ -349,7 +330,7 @@ def _label(spec: MatrixSpec, factor: str, level: str, baseline: str) -> str:
 
 def _effect(
     spec: MatrixSpec,
-    totals: dict[tuple[tuple[str, str], ...], Counts],
+    totals: dict[tuple[tuple[str, str], ...], OutcomeCounts],
     comparison: tuple[str, str, str],
     outcome: Outcome,
     fitted: dict[str, FirthTerm] | None,
@@ -378,13 +359,8 @@ def _effect(
         p=p,
     )
     if treated.n and reference.n:
-        # Newcombe's interval straight from statsmodels: compare() would also run Boschloo's test,
-        # seconds per call, for a p-value the stratified test already gives.
-        low, high = confint_proportions_2indep(
-            treated.k, treated.n, reference.k, reference.n, compare="diff", method="newcomb"
-        )
         effect.difference = treated.k / treated.n - reference.k / reference.n
-        effect.diff_low, effect.diff_high = float(low), float(high)
+        effect.diff_low, effect.diff_high = newcombe_difference(treated.k, treated.n, reference.k, reference.n)
     if firth_term is not None:
         effect.log_odds, effect.log_odds_low = firth_term.coef, firth_term.low
         effect.log_odds_high, effect.firth_p = firth_term.high, firth_term.p
@@ -392,11 +368,11 @@ def _effect(
 
 
 def _pooled(
-    totals: dict[tuple[tuple[str, str], ...], Counts],
+    totals: dict[tuple[tuple[str, str], ...], OutcomeCounts],
     factor: str,
     level: str,
     base: str,
-    event: Callable[[Counts], tuple[int, int]],
+    event: Callable[[OutcomeCounts], tuple[int, int]],
 ) -> tuple[Arm, Arm]:
     treated, reference = Arm(0, 0), Arm(0, 0)
     for key, counts in totals.items():
@@ -421,15 +397,15 @@ def _direction(effect: Effect) -> float:
     return 0.0
 
 
-def _arm_totals(totals: dict[tuple[tuple[str, str], ...], Counts], factor: str, level: str) -> Counts:
-    found = Counts()
+def _arm_totals(totals: dict[tuple[tuple[str, str], ...], OutcomeCounts], factor: str, level: str) -> OutcomeCounts:
+    found = OutcomeCounts()
     for key, counts in totals.items():
         if dict(key)[factor] == level:
             found = found + counts
     return found
 
 
-def _adequacy(spec: MatrixSpec, totals: dict[tuple[tuple[str, str], ...], Counts], effect: Effect) -> list[str]:
+def _adequacy(spec: MatrixSpec, totals: dict[tuple[tuple[str, str], ...], OutcomeCounts], effect: Effect) -> list[str]:
     """Why the arms of a non-significant comparison cannot support "no detectable effect"."""
     reasons = []
     design = spec.design
@@ -438,8 +414,8 @@ def _adequacy(spec: MatrixSpec, totals: dict[tuple[tuple[str, str], ...], Counts
         name = f"{spec.label(effect.factor)} {level}"
         if arm.completed < design.min_completed:
             reasons.append(f"{name}: only {arm.completed} sessions completed (minimum {design.min_completed})")
-        if arm.sessions and arm.timeout / arm.sessions > design.max_timeout_fraction:
-            reasons.append(f"{name}: {arm.timeout} of {arm.sessions} sessions timed out")
+        if arm.total and arm.timeout / arm.total > design.max_timeout_fraction:
+            reasons.append(f"{name}: {arm.timeout} of {arm.total} sessions timed out")
     return reasons
 
 

@@ -15,10 +15,10 @@ import jinja2
 import matplotlib.pyplot as plt
 
 from repro.matrix.analysis import CellResult, CellRun, Effect, MatrixAnalysis
-from repro.report.junit import _properties, junit_xml, xml_text
+from repro.report.junit import add_properties, junit_xml, xml_text
 from repro.report.markdown import md_escape
 from repro.report.model import fmt_pct, fmt_points, fmt_range
-from repro.report.plots import Plot, _encode
+from repro.report.plots import Plot, encode_figure
 
 HTML = "report.html"
 MARKDOWN = "report.md"
@@ -84,7 +84,7 @@ def effects_plot(effects: list[Effect]) -> Plot | None:
         ax.invert_yaxis()
         ax.set_xlabel("corruption rate difference, percentage points (95% interval)")
         ax.set_title("Factor effects on corruption")
-        data_uri = _encode(fig)
+        data_uri = encode_figure(fig)
     return Plot("Factor effects", "Corruption-rate difference per factor level with 95% intervals", data_uri)
 
 
@@ -176,7 +176,7 @@ def render_junit(analysis: MatrixAnalysis) -> str:
     for cell in analysis.cells:
         case = ET.Element("testcase", classname=xml_text(f"repro.matrix.{analysis.name}"), name=xml_text(cell.name))
         c = cell.counts
-        _properties(case, {"clean": c.clean, "corrupt": c.corrupt, "timeout": c.timeout, "error": c.error,
+        add_properties(case, {"clean": c.clean, "corrupt": c.corrupt, "timeout": c.timeout, "error": c.error,
                            "wedged": c.wedged, "corruption_rate": cell.rate})
         if c.corrupt:
             message = xml_text(f"{c.corrupt} of {c.completed} completed sessions corrupt")
@@ -187,7 +187,7 @@ def render_junit(analysis: MatrixAnalysis) -> str:
     for effect in analysis.factors:
         classname = xml_text(f"repro.matrix.{analysis.name}.factor")
         case = ET.Element("testcase", classname=classname, name=xml_text(effect.label))
-        _properties(case, {"verdict": effect.verdict, "p": effect.p, "p_adjusted": effect.p_adjusted,
+        add_properties(case, {"verdict": effect.verdict, "p": effect.p, "p_adjusted": effect.p_adjusted,
                            "difference": effect.difference})
         if effect.verdict in ("causes", "widens"):
             message = xml_text(f"{effect.label} {effect.verdict} corruption (adjusted p {_p(effect.p_adjusted)})")

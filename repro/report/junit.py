@@ -16,7 +16,7 @@ def xml_text(value: object) -> str:
     return _NOT_XML.sub("\ufffd", "" if value is None else str(value))
 
 
-def _properties(parent: ET.Element, values: dict[str, Any]) -> None:
+def add_properties(parent: ET.Element, values: dict[str, Any]) -> None:
     props = ET.SubElement(parent, "properties")
     for name, value in values.items():
         ET.SubElement(props, "property", name=xml_text(name), value=xml_text(value))
@@ -33,7 +33,7 @@ def _outcome(case: ET.Element, status: str, message: str) -> None:
 def _run_case(run: RunView) -> ET.Element:
     case = ET.Element("testcase", classname="repro.run", name=xml_text(run.name), time=f"{_duration(run):.3f}")
     c = run.counts
-    _properties(case, {
+    add_properties(case, {
         "verdict": run.verdict.kind, "sessions": c.total, "clean": c.clean, "corrupt": c.corrupt,
         "timeout": c.timeout, "error": c.error, "interrupted": c.interrupted, "wedged": c.wedged,
         "corruption_rate": run.rate.estimate, "ci_low": run.rate.low, "ci_high": run.rate.high,
@@ -56,7 +56,7 @@ def gate_cases(run_name: str, checks: Sequence[dict[str, Any]]) -> list[ET.Eleme
         case = ET.Element("testcase", classname=xml_text(f"repro.gate.{run_name}"),
                           name=xml_text(check.get("name", "check")))
         numbers = check.get("numbers")
-        _properties(case, numbers if isinstance(numbers, dict) else {})
+        add_properties(case, numbers if isinstance(numbers, dict) else {})
         _outcome(case, str(check.get("status")), str(check.get("line", "")))
         cases.append(case)
     return cases

@@ -14,7 +14,7 @@ from typing import Any, Literal, Sequence
 
 import pandas as pd
 
-from repro.records import SessionRecord, TurnRecord
+from repro.records import OutcomeCounts, SessionRecord, TurnRecord
 from repro.report.raw import RawExcerpt, read_raw, response_fields
 from repro.stats import Comparison, Inconclusive, Interval, assess_inconclusive, clopper_pearson, compare, holm
 from repro.stats import timeout_bounds, upper_bound
@@ -57,39 +57,6 @@ def fmt_points(x: float | None) -> str:
 
 def fmt_conf(confidence: float) -> str:
     return f"{100 * confidence:g}%"
-
-
-@dataclass(frozen=True)
-class Counts:
-    """Sessions per outcome."""
-
-    clean: int = 0
-    corrupt: int = 0
-    timeout: int = 0
-    error: int = 0
-    interrupted: int = 0
-    wedged: int = 0
-    suspect: int = 0
-
-    @property
-    def completed(self) -> int:
-        return self.clean + self.corrupt
-
-    @property
-    def total(self) -> int:
-        return self.clean + self.corrupt + self.timeout + self.error + self.interrupted
-
-    @classmethod
-    def of(cls, sessions: Sequence[SessionRecord]) -> "Counts":
-        tally = {name: 0 for name in ("clean", "corrupt", "timeout", "error", "interrupted")}
-        for session in sessions:
-            tally[session.outcome] += 1
-        suspect = sum(
-            1
-            for s in sessions
-            if s.outcome == "clean" and any(t.verdict == "suspect" for t in s.turns)
-        )
-        return cls(**tally, wedged=sum(1 for s in sessions if s.wedged), suspect=suspect)
 
 
 @dataclass(frozen=True)
@@ -154,7 +121,7 @@ class RunView:
     name: str
     path: Path
     run: Run
-    counts: Counts
+    counts: OutcomeCounts
     confidence: float
     rate: Interval
     upper: float
@@ -214,7 +181,7 @@ def _option(run: Run, key: str, default: Any) -> Any:
     return default if value is None else value
 
 
-def verdict_for(counts: Counts, rate: Interval, upper: float, worst: Interval, best: Interval,
+def verdict_for(counts: OutcomeCounts, rate: Interval, upper: float, worst: Interval, best: Interval,
                 assessment: Inconclusive, *, interrupted_run: bool = False) -> Verdict:
     """The banner's words. Evidence wins: any corrupt session makes the run corrupt, whatever timed out."""
     conf = fmt_conf(rate.confidence)
@@ -330,8 +297,8 @@ def _session_view(run: Run, session: SessionRecord) -> SessionView:
 
 
 def run_view(run: Run, *, confidence: float = 0.95) -> RunView:
-    """Counts, intervals and the verdict for one run, with thresholds taken from the run's own options."""
-    counts = Counts.of(run.sessions)
+    """OutcomeCounts, intervals and the verdict for one run, with thresholds taken from the run's own options."""
+    counts = OutcomeCounts.of(run.sessions)
     rate = clopper_pearson(counts.corrupt, counts.completed, confidence)
     worst, best = timeout_bounds(counts.corrupt, counts.clean, counts.timeout, confidence)
     assessment = assess_inconclusive(

@@ -58,7 +58,7 @@ def _short(name: str) -> str:
     return name if len(name) <= MAX_LABEL else name[: MAX_LABEL - 1] + "…"
 
 
-def _encode(fig: Figure) -> str:
+def encode_figure(fig: Figure) -> str:
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=90, bbox_inches="tight")
     plt.close(fig)
@@ -93,7 +93,7 @@ def outcomes_plot(runs: Sequence[RunView]) -> Plot:
     right.set_ylim(left.get_ylim())
     right.set_xlim(left=0)
     right.set_xlabel(f"corruption rate over completed sessions, % ({runs[0].confidence:.0%} CI)")
-    return Plot("Outcomes and corruption rate per run", "Outcome counts and corruption rate with intervals", _encode(fig))
+    return Plot("Outcomes and corruption rate per run", "Outcome counts and corruption rate with intervals", encode_figure(fig))
 
 
 def latency_plot(runs: Sequence[RunView]) -> Plot | None:
@@ -116,7 +116,7 @@ def latency_plot(runs: Sequence[RunView]) -> Plot | None:
         ax.set_ylabel("fraction of turns")
         ax.grid(alpha=0.3)
     axes[1].legend(fontsize="small", loc="lower right")
-    return Plot("Latency distributions", "Cumulative distributions of TTFT and end-to-end time", _encode(fig))
+    return Plot("Latency distributions", "Cumulative distributions of TTFT and end-to-end time", encode_figure(fig))
 
 
 def timeline_plot(run: RunView) -> Plot | None:
@@ -152,7 +152,7 @@ def timeline_plot(run: RunView) -> Plot | None:
     if any(s.wedged for s in sessions):
         handles.append(Line2D([0], [0], color="black", marker="x", linestyle="none", label="wedged"))
     ax.legend(handles=handles, fontsize="small", loc="upper right")
-    return Plot(f"Session timeline: {run.name}", "One bar per session coloured by outcome", _encode(fig))
+    return Plot(f"Session timeline: {run.name}", "One bar per session coloured by outcome", encode_figure(fig))
 
 
 def turn_index_plot(runs: Sequence[RunView]) -> Plot | None:
@@ -180,7 +180,7 @@ def turn_index_plot(runs: Sequence[RunView]) -> Plot | None:
     ax.set_xlabel("turn index")
     ax.set_ylabel("corrupt turns, % of answered")
     ax.legend(fontsize="small")
-    return Plot("Corruption by turn index", "Share of answered turns judged corrupt at each turn index", _encode(fig))
+    return Plot("Corruption by turn index", "Share of answered turns judged corrupt at each turn index", encode_figure(fig))
 
 
 def metrics_plot(run: RunView, metrics: pd.DataFrame) -> Plot | None:
@@ -202,4 +202,4 @@ def metrics_plot(run: RunView, metrics: pd.DataFrame) -> Plot | None:
         ax.set_ylabel(metric.removeprefix("sglang:"), fontsize="small")
         ax.grid(alpha=0.3)
     axes[-1, 0].set_xlabel("seconds since the run started")
-    return Plot(f"Server metrics: {run.name}", "Server metrics over time", _encode(fig))
+    return Plot(f"Server metrics: {run.name}", "Server metrics over time", encode_figure(fig))

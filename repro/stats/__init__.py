@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 _HOMES = {
     "intervals": ["Interval", "clopper_pearson", "timeout_bounds", "upper_bound", "wilson"],
     "verdict": ["Inconclusive", "assess_inconclusive"],
-    "twosample": ["Comparison", "compare"],
+    "twosample": ["Comparison", "compare", "newcombe_difference"],
     "multiplicity": ["benjamini_hochberg", "holm"],
     "power": ["power_two_proportions", "sample_size_two_proportions"],
     "sequential": ["SequentialDecision", "bisect_probe_sessions", "confidence_sequence", "paired_sequential", "sprt_single"],
@@ -44,5 +44,5 @@ if TYPE_CHECKING:
         sprt_single,
     )
     from repro.stats.stratified import StratifiedResult, cmh, stratified_exact_test
-    from repro.stats.twosample import Comparison, compare
+    from repro.stats.twosample import Comparison, compare, newcombe_difference
     from repro.stats.verdict import Inconclusive, assess_inconclusive

@@ -59,6 +59,16 @@ def arm_table(k1: int, n1: int, k2: int, n2: int) -> list[list[int]]:
     return [[k1, k2], [n1 - k1, n2 - k2]]
 
 
+def newcombe_difference(k1: int, n1: int, k2: int, n2: int, *, confidence: float = 0.95) -> tuple[float, float]:
+    """Newcombe's hybrid-score interval for rate1 - rate2 (two-sided); both arms need n > 0.
+
+    On its own because it is cheap where compare() is not: callers that have their p-value from
+    another test (the matrix's stratified one) want the effect's interval without Boschloo's seconds.
+    """
+    low, high = confint_proportions_2indep(k1, n1, k2, n2, compare="diff", method="newcomb", alpha=1 - confidence)
+    return float(low), float(high)
+
+
 def compare(
     k1: int,
     n1: int,
@@ -101,9 +111,7 @@ def compare(
         notes.append("Boschloo's p-value was undefined for this table; set to 1.0")
         p_boschloo = 1.0
     p_fisher = float(sps.fisher_exact(table, alternative=alternative).pvalue)
-    diff_low, diff_high = confint_proportions_2indep(
-        k1, n1, k2, n2, compare="diff", method="newcomb", alpha=1 - confidence
-    )
+    diff_low, diff_high = newcombe_difference(k1, n1, k2, n2, confidence=confidence)
     odds = _odds_ratio(table, kind="conditional")
     estimate = float(odds.statistic)
     or_ci = odds.confidence_interval(confidence_level=confidence, alternative="two-sided")
@@ -113,8 +121,8 @@ def compare(
         rate1=k1 / n1,
         rate2=k2 / n2,
         difference=k1 / n1 - k2 / n2,
-        diff_low=float(diff_low),
-        diff_high=float(diff_high),
+        diff_low=diff_low,
+        diff_high=diff_high,
         odds_ratio=None if math.isnan(estimate) else estimate,
         or_low=None if math.isnan(estimate) else float(or_ci.low),
         or_high=None if math.isnan(estimate) else float(or_ci.high),
