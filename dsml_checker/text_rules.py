@@ -10,6 +10,7 @@ import bisect
 import itertools
 import json
 import re
+from typing import Iterator
 
 from dsml_checker.findings import Finding, make_finding
 
@@ -17,6 +18,7 @@ _BAR = r"(?:｜｜|\|\||[｜|‖])"
 # Case spelt out rather than re.I: matching without IGNORECASE is markedly faster on long text.
 _DSML = "[dD][sS][mM][lL]"
 _SENT = rf"{_BAR}[ \t]*{_DSML}[ \t]*{_BAR}"
+_DSML_WORDS = (b"dsml", "dſml".encode())  # what _DSML matches under re.I, ASCII-lowered
 CANONICAL = "｜DSML｜"
 
 SENTINEL_ANY_RE = re.compile(_SENT)
@@ -30,7 +32,6 @@ _GARBLED_TAG_RE = re.compile(
     re.I,
 )
 _LT_BAR_RE = re.compile(r"<[ \t]*[｜|‖]")
-_CANONICAL_TAGS = (f"<{CANONICAL}", f"</{CANONICAL}")
 _TAG_RE = re.compile(rf"<[ \t]*(/?)[ \t]*{_SENT}[ \t]*([a-zA-Z_]*)")
 # Attribute damage (rule 11) by pattern: possessive tag words, so a lookahead cannot judge half a word.
 _TAG_OPEN = rf"<[ \t]*{_SENT}[ \t]*"
@@ -51,10 +52,16 @@ _CONTROL_TOKEN_RE = re.compile(
 )
 _PLACEHOLDER_RE = re.compile(r"\$(?:TOOL_NAME|PARAMETER_NAME|PARAMETER_VALUE)")
 # Everything that starts at a "<" in one pass: DeepSeek's parameter tag with its string= attribute (counts even
-# when no tools were offered), other XML tool tags, think tags, and a bar right after "<" (special tokens).
+# when no tools were offered), other XML tool tags, think tags, and a bar right after "<" (special tokens) that
+# does not open a well-spelt DSML tag.
 _LT_RE = re.compile(
     r"<(?:(parameter\s+name\s*=[^<>]*?\bstring\s*=)|(/?function_calls>|invoke\s+name\s*=|/invoke>|function>\s*<name>)"
-    r"|(/?think>)|([ \t]*/?[ \t]*[｜|‖]))"
+    rf"|(/?think>)|(?!/?{CANONICAL})([ \t]*/?[ \t]*[｜|‖]))"
+)
+# At a "<" and a bar, the three special-token patterns at once: one match call instead of three, each group
+# holding what that pattern alone would match there.
+_SPECIAL_AT_LT_RE = re.compile(
+    rf"(?=({_V3_RE.pattern}))?(?=({_CONTROL_TOKEN_RE.pattern}))?(?=({_GARBLED_TAG_RE.pattern}))?", re.I
 )
 # Written "``*", not "`+": a pattern that opens with a plain literal lets `re` skip ahead to it, and the
 # difference is tenfold on long text. The same reason puts cheap gates before the other patterns.
@@ -175,12 +182,45 @@ def _tag_kind(word: str) -> str:
     return kind
 
 
-def _dsml_count(text: str) -> int:
-    """How often "dsml" appears in any case; bytes.lower() folds ASCII only and is several times faster."""
-    return text.encode("utf-8", "surrogatepass").lower().count(b"dsml")
+def _lowered(text: str) -> bytes:
+    """The text as UTF-8 with ASCII lowered: bytes.lower() is several times faster than str.lower()."""
+    return text.encode("utf-8", "surrogatepass").lower()
 
 
-def _scan_dsml(text: str, dsml_count: int, out: _Collector) -> None:
+def _variants(text: str, lowered: bytes) -> Iterator[re.Match[str]]:
+    """What `_VARIANT_RE.finditer(text)` yields, tried only where the sentinel's word is spelt.
+
+    The pattern cannot open with a literal, so a scan by it steps through every character; the word is found
+    in `lowered` (the text as UTF-8, ASCII-lowered) instead, and the pattern is matched where its bar must
+    begin. Under re.I, [sS] also matches "ſ", hence the second spelling.
+    """
+    found = []
+    for word in _DSML_WORDS:
+        at = lowered.find(word)
+        while at >= 0:
+            found.append(at)
+            at = lowered.find(word, at + 1)
+    found.sort()
+    if not text.isascii():
+        # Byte offsets to character offsets, decoding only the stretch between one word and the next.
+        chars = last = 0
+        for i, at in enumerate(found):
+            chars += len(lowered[last:at].decode("utf-8", "surrogatepass"))
+            found[i], last = chars, at
+    done = 0  # finditer's matches do not overlap: none may start before the previous one ended
+    for at in found:
+        bar_end = len(text[:at].rstrip(" \t")) if text[at - 1 : at] in (" ", "\t") else at
+        # A bar is one or two characters; the pattern tries the doubled bars first, as finditer would.
+        for start in (bar_end - 2, bar_end - 1):
+            if start >= done and start >= 0:
+                m = _VARIANT_RE.match(text, start)
+                if m is not None:
+                    done = m.end()
+                    yield m
+                    break
+
+
+def _scan_dsml(text: str, lowered: bytes, dsml_count: int, out: _Collector) -> None:
     at = text.find(CANONICAL)
     while at >= 0:
         if out.add("sentinel", at, at + len(CANONICAL)):
@@ -189,7 +229,7 @@ def _scan_dsml(text: str, dsml_count: int, out: _Collector) -> None:
     # A variant needs a "dsml" outside every canonical sentinel, or doubled bars around one; checking that
     # first spares ordinary leaks the slow scan.
     if dsml_count > text.count(CANONICAL) or "｜｜" in text:
-        for m in _VARIANT_RE.finditer(text):
+        for m in _variants(text, lowered):
             if not m.group(0).startswith(CANONICAL) and out.add("sentinel-variant", m.start(), m.end()):
                 break
     _scan_tags(text, out)
@@ -285,37 +325,35 @@ def _duplicated(text: str, *, anywhere: bool) -> tuple[int, int] | None:
 def _scan_angles(text: str, out: _Collector, *, reasoning: bool, tools_offered: bool) -> None:
     """Rules anchored on "<": truncated tags, XML tool tags, special and control tokens, think tags."""
     tail_at = text.rfind("<")
-    if ">" not in text[tail_at:] and _TRUNCATED_RE.fullmatch(text, tail_at):
+    if text.find(">", tail_at) < 0 and _TRUNCATED_RE.fullmatch(text, tail_at):
         out.add("truncated-tag", tail_at, len(text))
     xml: re.Match[str] | None = None
-    controls: list[re.Match[str]] = []
+    controls: list[tuple[int, int]] = []
     for m in _LT_RE.finditer(text):
         deepseek, other, think, lt_bar = m.groups()
         if (deepseek or (other and tools_offered)) and xml is None:
             xml = m
         elif think and not (reasoning and think == "think>"):
             # Reasoning may open with <think>; only </think> is foreign there.
-            controls.append(m)
-        elif lt_bar and not text.startswith(_CANONICAL_TAGS, m.start()):
-            # A "<" and a bar that do not open a well-spelt DSML tag: a special token, or a garbled sentinel.
+            controls.append(m.span())
+        elif lt_bar:
+            # A special token, or a garbled sentinel.
             at = m.start()
-            found = _V3_RE.match(text, at)
-            if found is not None:
-                out.add("v3-special-tokens", at, found.end())
-            found = _CONTROL_TOKEN_RE.match(text, at)
-            if found is not None:
-                controls.append(found)
-            found = _GARBLED_TAG_RE.match(text, at)
-            if found is not None and "dsml" not in found.group(0).lower():
-                out.add("sentinel-variant", at, found.end())
+            v3, control, garbled = _SPECIAL_AT_LT_RE.match(text, at).groups()
+            if v3 is not None:
+                out.add("v3-special-tokens", at, at + len(v3))
+            if control is not None:
+                controls.append((at, at + len(control)))
+            if garbled is not None and "dsml" not in garbled.lower():
+                out.add("sentinel-variant", at, at + len(garbled))
     if xml is not None:
         out.add("xml-tool-tags", xml.start(), xml.end())
     _add_controls(controls, out)
 
 
-def _add_controls(found: list[re.Match[str]], out: _Collector) -> None:
-    for m in sorted(found, key=lambda m: m.start()):
-        if out.add("control-token-leak", m.start(), m.end()):
+def _add_controls(found: list[tuple[int, int]], out: _Collector) -> None:
+    for start, end in sorted(found, key=lambda span: span[0]):
+        if out.add("control-token-leak", start, end):
             return
 
 
@@ -327,13 +365,14 @@ def scan_text(text: str, field: str, *, reasoning: bool, tools_offered: bool) ->
     if not text:
         return [], False
     out = _Collector(text, field)
-    dsml_count = _dsml_count(text)
+    lowered = _lowered(text)
+    dsml_count = lowered.count(b"dsml")
     if dsml_count:
-        _scan_dsml(text, dsml_count, out)
+        _scan_dsml(text, lowered, dsml_count, out)
     if "<" in text:
         _scan_angles(text, out, reasoning=reasoning, tools_offered=tools_offered)
     if "$" in text:
-        _add_controls(list(_PLACEHOLDER_RE.finditer(text)), out)
+        _add_controls([m.span() for m in _PLACEHOLDER_RE.finditer(text)], out)
     markup = not MARKUP_RULES.isdisjoint(out.seen)
     if len(text) >= 2 * _DUP_MIN:
         span = _duplicated(text, anywhere=markup)
@@ -351,7 +390,7 @@ def _unescaped(text: str) -> str:
 
 
 def _markup_in_arguments(text: str) -> re.Match[str] | None:
-    if _dsml_count(text):
+    if b"dsml" in _lowered(text):
         m = SENTINEL_ANY_RE.search(text)
         if m is not None:
             return m
