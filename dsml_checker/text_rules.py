@@ -32,6 +32,7 @@ _GARBLED_TAG_RE = re.compile(
     re.I,
 )
 _LT_BAR_RE = re.compile(r"<[ \t]*[｜|‖]")
+_BAR_CHARS = "｜|‖ \t"
 _TAG_RE = re.compile(rf"<[ \t]*(/?)[ \t]*{_SENT}[ \t]*([a-zA-Z_]*)")
 # Attribute damage (rule 11) by pattern: possessive tag words, so a lookahead cannot judge half a word.
 _TAG_OPEN = rf"<[ \t]*{_SENT}[ \t]*"
@@ -129,9 +130,15 @@ def _fenced_blocks(text: str) -> list[tuple[int, int]]:
 
 
 def _quoted_regions(text: str) -> list[tuple[int, int]]:
-    if "`" not in text and "~~~" not in text:
-        return []
-    return _fenced_blocks(text) + _code_spans(text)
+    tilde = "~" in text and "~~~" in text
+    if "`" not in text:
+        return _fenced_blocks(text) if tilde else []
+    parts = text.split("`")
+    if "" in itertools.islice(parts, 1, len(parts) - 1):
+        return _fenced_blocks(text) + _code_spans(text)
+    # Single backticks only (the usual case): no ``` fence, and each backtick closes the one before it.
+    ticks = list(itertools.accumulate(len(part) + 1 for part in parts[:-1]))
+    return (_fenced_blocks(text) if tilde else []) + [(a - 1, b) for a, b in zip(ticks[0::2], ticks[1::2])]
 
 
 class _Collector:
@@ -336,8 +343,9 @@ def _scan_angles(text: str, out: _Collector, *, reasoning: bool, tools_offered: 
         elif think and not (reasoning and think == "think>"):
             # Reasoning may open with <think>; only </think> is foreign there.
             controls.append(m.span())
-        elif lt_bar:
-            # A special token, or a garbled sentinel.
+        elif lt_bar and text[m.end() : m.end() + 12].lstrip(_BAR_CHARS)[:4].lower() != "dsml":
+            # A special token, or a garbled sentinel. (A bar then "dsml" is neither: no special token spells
+            # it, and a garbled sentinel is one that does not read "dsml".)
             at = m.start()
             v3, control, garbled = _SPECIAL_AT_LT_RE.match(text, at).groups()
             if v3 is not None:
