@@ -33,17 +33,26 @@ _GARBLED_TAG_RE = re.compile(
 )
 _LT_BAR_RE = re.compile(r"<[ \t]*[｜|‖]")
 _BAR_CHARS = "｜|‖ \t"
-_TAG_RE = re.compile(rf"<[ \t]*(/?)[ \t]*{_SENT}[ \t]*([a-zA-Z_]*)")
 # Attribute damage (rule 11) by pattern: possessive tag words, so a lookahead cannot judge half a word.
 _TAG_OPEN = rf"<[ \t]*{_SENT}[ \t]*"
 _INV = "[iI][nN][vV][a-zA-Z_]*+"
 _PARAM = "[pP][aA][rR][aA][mM][a-zA-Z_]*+"
-_BAD_ATTRS_RE = re.compile(
-    rf'{_TAG_OPEN}(?:{_INV}(?=[^<>]*>)(?!\s+name="[^"“”]*"\s*/?>)'
-    rf'|{_PARAM}(?=[^<>]*>)(?!\s+name="[^"“”]*"\s+string="(?:true|false)"\s*>))'
+# Every DSML tag in one pass, up to the end of its word: (1) the closing slash with any blanks before it, (2) an
+# invoke word, (3) a parameter word, else a wrapper. Zero-width lookaheads answer rule 11 on the way, each
+# holding what a separate scan would have matched there:
+# (4) after a parameter closer, prose before the next parameter opener;
+# (5) an invoke opener, (6) a parameter opener, whose attributes are damaged;
+# (7) an invoke or parameter opener's text up to its name attribute's closing quote, (8) that name.
+_TAG_SCAN_RE = re.compile(
+    rf"<([ \t]*/)?[ \t]*{_SENT}[ \t]*(?:({_INV})|({_PARAM})|[a-zA-Z_]*)"
+    r"(?(1)"
+    rf"(?(3)(?=([^<>]*>\s*[^\s<][^<]*{_TAG_OPEN}{_PARAM}))?)"
+    r"|"
+    r'(?(2)(?:(?=[^<>]*>)(?!\s+name="[^"“”]*"\s*/?>)())?)'
+    r'(?(3)(?:(?=[^<>]*>)(?!\s+name="[^"“”]*"\s+string="(?:true|false)"\s*>)())?)'
+    r'(?:(?(2)|(?(3)|(?!)))(?=([^<>]*?\bname="([^"]*)")))?'
+    r")"
 )
-_NAMED_TAG_RE = re.compile(rf'{_TAG_OPEN}({_INV}|{_PARAM})[^<>]*?\bname="([^"]*)"')
-_PROSE_BETWEEN_RE = re.compile(rf"</[ \t]*{_SENT}[ \t]*{_PARAM}[^<>]*>\s*[^\s<][^<]*{_TAG_OPEN}{_PARAM}")
 _TRUNCATED_RE = re.compile(rf"</?[ \t]*{_BAR}[ \t]*(?:[a-z▁_]*(?:{_BAR})?|dsml[ \t]*{_BAR}[^<>]*)", re.I)
 _V3_RE = re.compile(
     rf"<[ \t]*{_BAR}[ \t]*tool[▁_ ]?(?:calls?[▁_ ]?(?:begin|end)|sep|outputs?[▁_ ]?(?:begin|end))[ \t]*{_BAR}[ \t]*>", re.I
@@ -176,19 +185,6 @@ class _Collector:
         return rule != "quoted-dsml"
 
 
-_KINDS: dict[str, str] = {}
-
-
-def _tag_kind(word: str) -> str:
-    kind = _KINDS.get(word)
-    if kind is None:
-        low = word.lower()
-        kind = "invoke" if low.startswith("inv") else "parameter" if low.startswith("param") else "wrapper"
-        if len(_KINDS) < 1024:  # tag words come from model output: bound the memo
-            _KINDS[word] = kind
-    return kind
-
-
 def _lowered(text: str) -> bytes:
     """The text as UTF-8 with ASCII lowered: bytes.lower() is several times faster than str.lower()."""
     return text.encode("utf-8", "surrogatepass").lower()
@@ -246,42 +242,57 @@ def _scan_tags(text: str, out: _Collector) -> None:
     """One pass over DSML tags: wrappers, bare invokes and orphan closers (hard); then attribute damage."""
     depth = {"wrapper": 0, "invoke": 0, "parameter": 0}
     wrapper_seen = False
-    for m in _TAG_RE.finditer(text):
-        closing, word = m.group(1, 2)
-        kind = _tag_kind(word)
+    damaged: list[tuple[int, int]] = []
+    named: list[tuple[int, int, bool, str]] = []
+    prose: list[tuple[int, int]] = []
+    for m in _TAG_SCAN_RE.finditer(text):
+        closing, invoke, param, prose_after, bad_invoke, bad_param, up_to_name, name = m.groups()
+        kind = "invoke" if invoke else "parameter" if param else "wrapper"
         if kind == "wrapper" and "wrapper-tag" not in out.seen:
             out.add("wrapper-tag", m.start(), m.end())
-        if closing:
+        if closing is not None:
+            if prose_after is not None and closing == "/":
+                prose.append((m.start(), m.end() + len(prose_after)))
             if depth[kind]:
                 depth[kind] -= 1
             else:
                 out.add("orphan-closer", m.start(), m.end())
             continue
+        if bad_invoke is not None or bad_param is not None:
+            damaged.append(m.span())
+        if up_to_name is not None:
+            named.append((m.start(), m.end() + len(up_to_name), kind == "invoke", name))
         depth[kind] += 1
         if kind == "wrapper":
             wrapper_seen = True
         elif kind == "invoke" and not wrapper_seen:
             out.add("bare-invoke", m.start(), m.end())
-    _scan_attributes(text, out)
+    _add_attr_damage(damaged, named, prose, out)
 
 
-def _scan_attributes(text: str, out: _Collector) -> None:
-    """Soft rule 11: malformed attributes, a parameter named twice in one invoke, prose between parameters."""
-    for m in _BAD_ATTRS_RE.finditer(text):
-        if out.add("attr-damage", m.start(), m.end()):
+def _add_attr_damage(
+    damaged: list[tuple[int, int]], named: list[tuple[int, int, bool, str]], prose: list[tuple[int, int]], out: _Collector
+) -> None:
+    """Soft rule 11, in the order of its three searches: malformed attributes, a parameter named twice in one
+    invoke, prose between parameters."""
+    for start, end in damaged:
+        if out.add("attr-damage", start, end):
             return
     names: set[str] = set()
-    for m in _NAMED_TAG_RE.finditer(text):
-        word, name = m.groups()
-        if word[0] in "iI":
+    searched = 0  # a name's value may run past later tags, which a search for the next name then skips
+    for start, end, is_invoke, name in named:
+        if start < searched:
+            continue
+        searched = end
+        if is_invoke:
             names.clear()
         elif name in names:
-            if out.add("attr-damage", m.start(), m.end()):
+            if out.add("attr-damage", start, end):
                 return
         else:
             names.add(name)
-    for m in _PROSE_BETWEEN_RE.finditer(text):
-        if out.add("attr-damage", m.start(), m.end()):
+    for start, end in prose:
+        if out.add("attr-damage", start, end):
             return
 
 
