@@ -52,3 +52,11 @@ def describe_validation_error(err: ValidationError, *, source: str, lines: dict[
                 break
     extra = "" if len(err.errors()) == 1 else f" (and {len(err.errors()) - 1} more)"
     return f"{where}: {field}: {first['msg']}{extra}"
+
+
+def describe_yaml_error(err: Exception, *, source: str) -> str:
+    """One line for a YAML syntax error: the file and line where the parser gave up, and why."""
+    mark = getattr(err, "problem_mark", None)
+    where = f"{source}:{mark.line + 1}" if mark is not None else source
+    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+    return f"{where}: not valid YAML: {problem}"

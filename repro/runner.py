@@ -29,7 +29,15 @@ from rich.console import Console
 from repro import __version__
 from repro.client import make_client
 from repro.display import final_view, say, show_progress
-from repro.errors import EXIT_INTERRUPTED, EXIT_OK, ReproError, TargetError, UsageError, describe_validation_error
+from repro.errors import (
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    ReproError,
+    TargetError,
+    UsageError,
+    describe_validation_error,
+    describe_yaml_error,
+)
 from repro.load import LoadProgress, run_load
 from repro.metrics import MetricsScraper, metrics_url, server_root
 from repro.records import Manifest, SessionRecord, Summary
@@ -120,7 +128,7 @@ class RunOptions(BaseModel):
             except OSError as err:
                 raise UsageError(f"--config {config}: cannot read: {err.strerror or err}") from None
             except yaml.YAMLError as err:
-                raise UsageError(f"--config {config}: not valid YAML: {err}") from None
+                raise UsageError(describe_yaml_error(err, source=f"--config {config}")) from None
             if loaded is not None and not isinstance(loaded, dict):
                 raise UsageError(f"--config {config}: must be a mapping of option names to values")
             data = {str(key).replace("-", "_"): value for key, value in (loaded or {}).items()}

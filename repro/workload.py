@@ -16,7 +16,7 @@ from typing import Any, Literal, get_args
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from repro.errors import UsageError, describe_validation_error
+from repro.errors import UsageError, describe_validation_error, describe_yaml_error
 
 DEFAULT_WORKLOAD = "agentic_coding.yaml"
 ToolKind = Literal["read_file", "grep", "list_dir", "edit_file", "run_tests", "finish", "echo"]
@@ -141,9 +141,7 @@ def parse_workload(text: str, *, source: str) -> Workload:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f"{source}:{mark.line + 1}" if mark is not None else source
-        raise UsageError(f"{where}: not valid YAML: {getattr(err, 'problem', None) or err}") from None
+        raise UsageError(describe_yaml_error(err, source=source)) from None
     if not isinstance(data, dict):
         raise UsageError(f"{source}: a workload must be a YAML mapping")
     try:

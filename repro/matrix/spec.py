@@ -17,7 +17,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from repro.errors import UsageError, describe_validation_error
+from repro.errors import UsageError, describe_validation_error, describe_yaml_error
 
 BUILTIN_VARIABLES = ("python", "flags", "cell", "replicate", "run_seed", "log_dir")
 """Set by the harness per cell: the Python running repro, the cell's shell-quoted flags, the cell name,
@@ -386,10 +386,7 @@ def load_spec(path: Path | str, overrides: dict[str, str] | None = None) -> Matr
         data = yaml.load(text, Loader=SpecLoader)  # noqa: S506 - a SafeLoader subclass
         lines = line_map(text)
     except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f"{source}:{mark.line + 1}" if mark is not None else str(source)
-        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise UsageError(f"{where}: not valid YAML: {problem}") from None
+        raise UsageError(describe_yaml_error(err, source=str(source))) from None
     if not isinstance(data, dict):
         raise UsageError(f"{source}: a matrix spec is a YAML mapping (name, factors, deployment, load, design)")
     try:
