@@ -15,6 +15,9 @@ from dsml_checker.text_rules import scan_arguments, scan_text
 _BAD_NAME_RE = re.compile(r"[\"'<>`\s｜]")
 
 
+_CLEAN = Verdict("clean", ())
+
+
 def _text(value: Any) -> str:
     """A message field as text: content may be null, a string, or a list of text parts."""
     if value is None:
@@ -156,18 +159,24 @@ def check(message: Any, *, finish_reason: str | None = None, tools: Any = None, 
     if reasoning is None:
         reasoning = message.get("reasoning")
     texts: list[tuple[str, str]] = []
+    encoded: list[bytes] = []
     for field, value in (("content", message.get("content")), ("reasoning_content", reasoning)):
-        text = _text(value)
-        found, has_markup = scan_text(text, field, reasoning=field != "content", tools_offered=schemas is not None)
+        text = value if isinstance(value, str) else _text(value)
+        raw = text.encode("utf-8", "surrogatepass")
+        found, has_markup = scan_text(text, raw, field, reasoning=field != "content", tools_offered=schemas is not None)
         findings += found
         markup = markup or has_markup
         texts.append((field, text))
+        encoded.append(raw)
     calls = message.get("tool_calls")
     call_findings, names = _check_calls(calls, schemas, texts)
     findings += call_findings
-    findings += scan_soft(texts)
+    encoded += [text.encode("utf-8", "surrogatepass") for _, text in texts[len(encoded) :]]
+    findings += scan_soft(texts, encoded)
     n_calls = len(calls) if isinstance(calls, list) else 0
-    findings += _check_consistency(
-        names=names, n_calls=n_calls, markup=markup, finish_reason=finish_reason, tool_choice=tool_choice
-    )
-    return Verdict.of(tuple(findings))
+    if markup or (finish_reason == "tool_calls" and not n_calls) or not (tool_choice is None or tool_choice == "auto"):
+        findings += _check_consistency(
+            names=names, n_calls=n_calls, markup=markup, finish_reason=finish_reason, tool_choice=tool_choice
+        )
+    # Most turns are clean: one shared verdict spares building a new one (a Verdict is immutable).
+    return Verdict.of(tuple(findings)) if findings else _CLEAN

@@ -29,6 +29,7 @@ _NONZERO_RE = re.compile(rb"[^\0]")
 _FILLER = frozenset(" \t\r\n-=_*#~.:|+/\\")  # whitespace and Markdown rulers repeat legitimately
 _SEPARATOR = b"\xff"  # never valid UTF-8, so no loop runs across two fields
 _PLAIN = bytes(range(0x20, 0x7F)) + b"\t\n\r"
+_NOT_RARE = _PLAIN + _SEPARATOR
 _CONTINUATION = bytes(range(0x80, 0xC0))
 _RARE_RE = re.compile(
     "[\ufffd\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ue000-\uf8ff\ufff0-\ufffc\u200b-\u200f\u2060-\u2064\ufeff"
@@ -101,9 +102,9 @@ def _chars(encoded: bytes, offset: int) -> int:
     return len(encoded[:offset].translate(None, _CONTINUATION))
 
 
-def scan_soft(fields: Sequence[tuple[str, str]]) -> list[Finding]:
-    """Findings for (field name, text) pairs: one repetition-loop and one rare-chars finding per field at most."""
-    encoded = [text.encode("utf-8", "surrogatepass") for _, text in fields]
+def scan_soft(fields: Sequence[tuple[str, str]], encoded: Sequence[bytes]) -> list[Finding]:
+    """Findings for (field name, text) pairs, `encoded` holding each text as UTF-8: one repetition-loop and one
+    rare-chars finding per field at most."""
     raw = _SEPARATOR.join(encoded)
     if len(raw) < len(fields):
         return []  # every field is empty
@@ -122,7 +123,7 @@ def scan_soft(fields: Sequence[tuple[str, str]]) -> list[Finding]:
         name, text = fields[i]
         start, end = _chars(encoded[i], lo - starts[i]), _chars(encoded[i], hi - starts[i])
         findings.append(make_finding("repetition-loop", name, text, start, end))
-    if _RARE_UTF8_RE.search(raw.translate(None, _PLAIN + _SEPARATOR)):
+    if _RARE_UTF8_RE.search(raw.translate(None, _NOT_RARE)):
         for name, text in fields:
             m = _RARE_RE.search(text)
             if m is not None:

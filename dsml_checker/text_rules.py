@@ -185,11 +185,6 @@ class _Collector:
         return rule != "quoted-dsml"
 
 
-def _lowered(text: str) -> bytes:
-    """The text as UTF-8 with ASCII lowered: bytes.lower() is several times faster than str.lower()."""
-    return text.encode("utf-8", "surrogatepass").lower()
-
-
 def _variants(text: str, lowered: bytes) -> Iterator[re.Match[str]]:
     """What `_VARIANT_RE.finditer(text)` yields, tried only where the sentinel's word is spelt.
 
@@ -376,15 +371,18 @@ def _add_controls(found: list[tuple[int, int]], out: _Collector) -> None:
             return
 
 
-def scan_text(text: str, field: str, *, reasoning: bool, tools_offered: bool) -> tuple[list[Finding], bool]:
-    """Apply the text rules of dsml-format.md §5 to one field of a message.
+def scan_text(
+    text: str, encoded: bytes, field: str, *, reasoning: bool, tools_offered: bool
+) -> tuple[list[Finding], bool]:
+    """Apply the text rules of dsml-format.md §5 to one field of a message; `encoded` is the text as UTF-8.
 
     Returns the findings and whether unquoted tool-call markup was among them (for the finish_reason rules).
     """
     if not text:
         return [], False
     out = _Collector(text, field)
-    lowered = _lowered(text)
+    # ASCII-lowered bytes: bytes.lower() is several times faster than str.lower().
+    lowered = encoded.lower()
     dsml_count = lowered.count(b"dsml")
     if dsml_count:
         _scan_dsml(text, lowered, dsml_count, out)
@@ -409,11 +407,11 @@ def _unescaped(text: str) -> str:
 
 
 def _markup_in_arguments(text: str) -> re.Match[str] | None:
-    if b"dsml" in _lowered(text):
+    if b"dsml" in text.encode("utf-8", "surrogatepass").lower():
         m = SENTINEL_ANY_RE.search(text)
         if m is not None:
             return m
-    for lt_bar in _LT_BAR_RE.finditer(text):
+    for lt_bar in _LT_BAR_RE.finditer(text) if "<" in text else ():
         m = _V3_RE.match(text, lt_bar.start()) or _CONTROL_TOKEN_RE.match(text, lt_bar.start())
         if m is not None:
             return m
@@ -422,11 +420,10 @@ def _markup_in_arguments(text: str) -> re.Match[str] | None:
 
 def scan_arguments(text: str, field: str) -> list[Finding]:
     """Rules for a raw `arguments` string: DSML or special-token markup inside it, even \\u-escaped."""
-    out = _Collector(text, field)
     if "|" in text or "｜" in text or "‖" in text or "\\u" in text:
         m = _markup_in_arguments(text)
         if m is None and "\\u" in text:
             m = _markup_in_arguments(_unescaped(text))
         if m is not None:
-            out.add("args-dsml", m.start(), m.end(), quotable=False)
-    return out.findings
+            return [make_finding("args-dsml", field, text, m.start(), m.end())]
+    return []
