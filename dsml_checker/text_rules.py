@@ -340,9 +340,12 @@ def _scan_angles(text: str, out: _Collector, *, reasoning: bool, tools_offered: 
     tail_at = text.rfind("<")
     if text.find(">", tail_at) < 0 and _TRUNCATED_RE.fullmatch(text, tail_at):
         out.add("truncated-tag", tail_at, len(text))
+    first = _LT_RE.search(text)
+    if first is None:  # the usual case ("3 < 4" in prose): a search costs less than starting an iteration
+        return
     xml: re.Match[str] | None = None
     controls: list[tuple[int, int]] = []
-    for m in _LT_RE.finditer(text):
+    for m in _LT_RE.finditer(text, first.start()):
         deepseek, other, think, lt_bar = m.groups()
         if (deepseek or (other and tools_offered)) and xml is None:
             xml = m
@@ -362,7 +365,8 @@ def _scan_angles(text: str, out: _Collector, *, reasoning: bool, tools_offered: 
                 out.add("sentinel-variant", at, at + len(garbled))
     if xml is not None:
         out.add("xml-tool-tags", xml.start(), xml.end())
-    _add_controls(controls, out)
+    if controls:
+        _add_controls(controls, out)
 
 
 def _add_controls(found: list[tuple[int, int]], out: _Collector) -> None:
@@ -389,7 +393,9 @@ def scan_text(
     if "<" in text:
         _scan_angles(text, out, reasoning=reasoning, tools_offered=tools_offered)
     if "$" in text:
-        _add_controls([m.span() for m in _PLACEHOLDER_RE.finditer(text)], out)
+        placeholders = [m.span() for m in _PLACEHOLDER_RE.finditer(text)]
+        if placeholders:
+            _add_controls(placeholders, out)
     markup = not MARKUP_RULES.isdisjoint(out.seen)
     if len(text) >= 2 * _DUP_MIN:
         span = _duplicated(text, anywhere=markup)
