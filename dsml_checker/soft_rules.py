@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from bisect import bisect_right
+from itertools import accumulate
 from typing import Iterator, Sequence
 
 from dsml_checker.findings import Finding, make_finding
@@ -70,11 +71,9 @@ def _candidate_windows(raw: bytes) -> list[tuple[int, int]]:
     return merged
 
 
-def _loops(raw: bytes) -> Iterator[tuple[int, int]]:
+def _loops(raw: bytes) -> list[tuple[int, int]]:
     """Byte spans of loops in `raw`: the exact pass, run only inside the sample's candidate windows."""
-    for lo, hi in _candidate_windows(raw):
-        for start, end in _loop_regions(raw[lo:hi]):
-            yield lo + start, lo + end
+    return [(lo + start, lo + end) for lo, hi in _candidate_windows(raw) for start, end in _loop_regions(raw[lo:hi])]
 
 
 def _loop_regions(raw: bytes) -> Iterator[tuple[int, int]]:
@@ -108,14 +107,11 @@ def scan_soft(fields: Sequence[tuple[str, str]], encoded: Sequence[bytes]) -> li
     raw = _SEPARATOR.join(encoded)
     if len(raw) < len(fields):
         return []  # every field is empty
-    starts = []
-    pos = 0
-    for part in encoded:
-        starts.append(pos)
-        pos += len(part) + 1
     findings: list[Finding] = []
+    loops = _loops(raw) if len(raw) >= _MIN_LOOP else []
+    starts = list(accumulate((len(part) + 1 for part in encoded[:-1]), initial=0)) if loops else []
     looped: set[int] = set()
-    for lo, hi in _loops(raw) if len(raw) >= _MIN_LOOP else ():
+    for lo, hi in loops:
         i = bisect_right(starts, lo) - 1
         if i in looped:
             continue

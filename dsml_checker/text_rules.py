@@ -235,33 +235,34 @@ def _scan_dsml(text: str, lowered: bytes, dsml_count: int, out: _Collector) -> N
 
 def _scan_tags(text: str, out: _Collector) -> None:
     """One pass over DSML tags: wrappers, bare invokes and orphan closers (hard); then attribute damage."""
-    depth = {"wrapper": 0, "invoke": 0, "parameter": 0}
+    depth = [0, 0, 0]  # open wrappers, invokes, parameters
     wrapper_seen = False
     damaged: list[tuple[int, int]] = []
     named: list[tuple[int, int, bool, str]] = []
     prose: list[tuple[int, int]] = []
     for m in _TAG_SCAN_RE.finditer(text):
         closing, invoke, param, prose_after, bad_invoke, bad_param, up_to_name, name = m.groups()
-        kind = "invoke" if invoke else "parameter" if param else "wrapper"
-        if kind == "wrapper" and "wrapper-tag" not in out.seen:
-            out.add("wrapper-tag", m.start(), m.end())
+        kind = 1 if invoke else 2 if param else 0
+        if not kind and "wrapper-tag" not in out.seen:
+            out.add("wrapper-tag", *m.span())
         if closing is not None:
             if prose_after is not None and closing == "/":
                 prose.append((m.start(), m.end() + len(prose_after)))
             if depth[kind]:
                 depth[kind] -= 1
             else:
-                out.add("orphan-closer", m.start(), m.end())
-            continue
-        if bad_invoke is not None or bad_param is not None:
-            damaged.append(m.span())
-        if up_to_name is not None:
-            named.append((m.start(), m.end() + len(up_to_name), kind == "invoke", name))
-        depth[kind] += 1
-        if kind == "wrapper":
+                out.add("orphan-closer", *m.span())
+        elif kind:
+            if bad_invoke is not None or bad_param is not None:
+                damaged.append(m.span())
+            if up_to_name is not None:
+                named.append((m.start(), m.end() + len(up_to_name), kind == 1, name))
+            depth[kind] += 1
+            if kind == 1 and not wrapper_seen:
+                out.add("bare-invoke", *m.span())
+        else:
+            depth[0] += 1
             wrapper_seen = True
-        elif kind == "invoke" and not wrapper_seen:
-            out.add("bare-invoke", m.start(), m.end())
     _add_attr_damage(damaged, named, prose, out)
 
 
