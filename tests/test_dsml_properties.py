@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from dsml_checker import DSMLParseError, ToolCall, check, parse_calls, render_calls, render_completion, split_completion
-from dsml_checker.formats import DSML_FORMATS, to_json
+from dsml_checker.formats import DSML_FORMATS, THINK_CLOSE, to_json
 
 SETTINGS = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -44,6 +44,9 @@ def test_rendered_calls_parse_back_in_both_modes(calls: list[ToolCall], fmt: str
 @given(calls=tool_calls, fmt=all_formats, reasoning=st.none() | prose, content=prose)
 def test_rendered_completions_split_back(calls: list[ToolCall], fmt: str, reasoning: str | None, content: str) -> None:
     text = render_completion(reasoning=reasoning, content=content, calls=calls, fmt=fmt)
+    # Without reasoning, a "</think>" spelt inside the block (a parameter name may hold one) reads as the end of
+    # reasoning: the text itself cannot tell the two apart, so that case is no round trip.
+    assume(reasoning is not None or THINK_CLOSE not in text)
     for mode in ("strict", "tolerant"):
         done = split_completion(text, mode=mode, fmt=fmt)
         assert (done.reasoning, done.content, done.calls) == (reasoning, content, calls)
