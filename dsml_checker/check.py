@@ -171,7 +171,8 @@ def check(message: Any, *, finish_reason: str | None = None, tools: Any = None, 
     calls = message.get("tool_calls")
     call_findings, names = _check_calls(calls, schemas, texts)
     findings += call_findings
-    encoded += [text.encode("utf-8", "surrogatepass") for _, text in texts[len(encoded) :]]
+    for _, text in texts[len(encoded) :]:  # the argument texts
+        encoded.append(text.encode("utf-8", "surrogatepass"))
     findings += scan_soft(texts, encoded)
     n_calls = len(calls) if isinstance(calls, list) else 0
     if markup or (finish_reason == "tool_calls" and not n_calls) or not (tool_choice is None or tool_choice == "auto"):
