@@ -3,6 +3,10 @@
 Knows nothing of sessions. Never raises on bad server output: refused or reset connections,
 4xx/5xx, malformed SSE or JSON all come back as a `TurnResult` with status `error`; no bytes for
 `stall_timeout` gives `stalled`; the whole turn exceeding its budget gives `timeout`.
+
+Stalls are watched by one task per turn, not by httpx's read timeout: that one opens a cancel
+scope and schedules (then cancels) a timer for every socket read, a large part of the client's
+CPU per streamed chunk.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from repro.records import TurnStatus
 
 _CONNECT_EVENT = "connection.connect_tcp.started"
 _SENT_EVENT = "http11.send_request_headers.started"
+_HEADERS_EVENTS = ("http11.receive_response_headers.started", "http11.receive_response_headers.complete")
 _SSE_FIELDS = (b"data", b"event", b"id", b"retry")
 
 
@@ -145,13 +150,23 @@ class _Clock:
         self.first_token: float | None = None
         self.first_bytes: float | None = None
         self.last_bytes: float | None = None
+        self.heard: float | None = None
+        """When the client began waiting for the answer, or its headers came: where a stall is timed from before body bytes."""
         self.max_gap = 0.0
+        self.stalled = False
 
     async def trace(self, name: str, info: dict[str, Any]) -> None:
         # The first network action ends the client-side wait: connecting (a new connection) or
         # sending headers (a reused one). Connect time is the server's accept latency, not queueing.
         if self.sent is None and name in (_CONNECT_EVENT, _SENT_EVENT):
             self.sent = time.perf_counter()
+        elif name in _HEADERS_EVENTS:
+            self.heard = time.perf_counter()
+
+    @property
+    def quiet_since(self) -> float | None:
+        """Since when the server has sent nothing while the client waited for it; None before the wait began."""
+        return self.last_bytes if self.last_bytes is not None else self.heard
 
     @property
     def origin(self) -> float:
@@ -305,6 +320,70 @@ def _parse_completion(body: bytes) -> tuple[dict[str, Any], str | None, dict[str
     return message, choices[0].get("finish_reason"), usage, request_id
 
 
+async def _watch_stall(clock: _Clock, stall_timeout: float, scope: anyio.CancelScope) -> None:
+    """Mark the turn stalled and cancel `scope` once the server has been quiet for `stall_timeout`.
+
+    Wakes about once per `stall_timeout` while bytes flow, instead of a timer per read.
+    """
+    while True:
+        now = time.perf_counter()
+        since = clock.quiet_since
+        if since is not None and now - since >= stall_timeout:
+            clock.stalled = True
+            scope.cancel()
+            return
+        await anyio.sleep((since if since is not None else now) + stall_timeout - now)
+
+
+async def _exchange(
+    client: httpx.AsyncClient,
+    url: str | httpx.URL,
+    body: dict[str, Any],
+    *,
+    stream: bool,
+    timeout: httpx.Timeout,
+    headers: dict[str, str] | None,
+    reader: _SSEReader,
+    raw: bytearray,
+    result: TurnResult,
+) -> None:
+    """Send the request and read the answer into `raw` and `result`; bad server output ends up in `result.error`."""
+    clock = reader.clock
+    try:
+        async with client.stream(
+            "POST", url, json=body, headers=headers, timeout=timeout, extensions={"trace": clock.trace}
+        ) as response:
+            result.http_status = response.status_code
+            async for data in response.aiter_bytes():
+                clock.got_bytes()
+                raw += data
+                if response.status_code < 400 and stream:
+                    reader.feed(data)
+            if response.status_code >= 400:
+                result.error = _http_error(response.status_code, bytes(raw))
+            elif stream:
+                reader.finish()
+                message = reader.accumulator.message()
+                result.status = "ok"
+                result.message = message
+                result.finish_reason = reader.accumulator.finish_reason
+                result.usage = reader.accumulator.usage
+                result.request_id = reader.request_id
+                result.chunks = reader.events
+            else:
+                message, finish, usage, request_id = _parse_completion(bytes(raw))
+                # Without streaming the first answer byte is the closest thing to a first token.
+                clock.first_token = clock.first_bytes
+                result.status = "ok"
+                result.message, result.finish_reason, result.usage = message, finish, usage
+                result.request_id = request_id
+                result.chunks = 1
+    except _Failure as failure:
+        result.error = str(failure)
+    except httpx.HTTPError as err:
+        result.error = _transport_error(err)
+
+
 async def send_turn(
     client: httpx.AsyncClient,
     url: str | httpx.URL,
@@ -317,8 +396,8 @@ async def send_turn(
 ) -> TurnResult:
     """POST one chat completion and classify how it ended; see the module docstring."""
     clock = _Clock()
-    timeout = httpx.Timeout(connect=stall_timeout, read=stall_timeout, write=stall_timeout, pool=turn_timeout)
-    extensions = {"trace": clock.trace}
+    # No read timeout: _watch_stall times the quiet spells.
+    timeout = httpx.Timeout(connect=stall_timeout, read=None, write=stall_timeout, pool=turn_timeout)
     body = {**payload, "stream": stream}
     if stream:
         body.setdefault("stream_options", {"include_usage": True})
@@ -326,42 +405,15 @@ async def send_turn(
     result = TurnResult(status="error")
     reader = _SSEReader(clock)
     with anyio.move_on_after(turn_timeout) as scope:
-        try:
-            async with client.stream(
-                "POST", url, json=body, headers=headers, timeout=timeout, extensions=extensions
-            ) as response:
-                result.http_status = response.status_code
-                async for data in response.aiter_bytes():
-                    clock.got_bytes()
-                    raw += data
-                    if response.status_code < 400 and stream:
-                        reader.feed(data)
-                if response.status_code >= 400:
-                    result.error = _http_error(response.status_code, bytes(raw))
-                elif stream:
-                    reader.finish()
-                    message = reader.accumulator.message()
-                    result.status = "ok"
-                    result.message = message
-                    result.finish_reason = reader.accumulator.finish_reason
-                    result.usage = reader.accumulator.usage
-                    result.request_id = reader.request_id
-                    result.chunks = reader.events
-                else:
-                    message, finish, usage, request_id = _parse_completion(bytes(raw))
-                    # Without streaming the first answer byte is the closest thing to a first token.
-                    clock.first_token = clock.first_bytes
-                    result.status = "ok"
-                    result.message, result.finish_reason, result.usage = message, finish, usage
-                    result.request_id = request_id
-                    result.chunks = 1
-        except _Failure as failure:
-            result.error = str(failure)
-        except httpx.ReadTimeout:
-            result.status = "stalled"
-            result.error = f"no bytes for {stall_timeout:g}s"
-        except httpx.HTTPError as err:
-            result.error = _transport_error(err)
+        async with anyio.create_task_group() as group:
+            group.start_soon(_watch_stall, clock, stall_timeout, group.cancel_scope)
+            await _exchange(
+                client, url, body, stream=stream, timeout=timeout, headers=headers, reader=reader, raw=raw, result=result
+            )
+            group.cancel_scope.cancel()
+    if clock.stalled:
+        result.status = "stalled"
+        result.error = f"no bytes for {stall_timeout:g}s"
     if scope.cancelled_caught:
         result.status = "timeout"
         result.error = f"turn exceeded {turn_timeout:g}s"
