@@ -43,14 +43,15 @@ _PARAM = "[pP][aA][rR][aA][mM][a-zA-Z_]*+"
 # (4) after a parameter closer, prose before the next parameter opener;
 # (5) an invoke opener, (6) a parameter opener, whose attributes are damaged;
 # (7) an invoke or parameter opener's text up to its name attribute's closing quote, (8) that name.
+# Each optional part is written (?:...|), not (?:...)?: a repeat saves every group's mark, a branch does not.
 _TAG_SCAN_RE = re.compile(
     rf"<([ \t]*/)?[ \t]*{_SENT}[ \t]*(?:({_INV})|({_PARAM})|[a-zA-Z_]*)"
     r"(?(1)"
-    rf"(?(3)(?=([^<>]*>\s*[^\s<][^<]*{_TAG_OPEN}{_PARAM}))?)"
+    rf"(?(3)(?:(?=([^<>]*>\s*[^\s<][^<]*{_TAG_OPEN}{_PARAM}))|))"
     r"|"
-    r'(?(2)(?:(?=[^<>]*>)(?!\s+name="[^"“”]*"\s*/?>)())?)'
-    r'(?(3)(?:(?=[^<>]*>)(?!\s+name="[^"“”]*"\s+string="(?:true|false)"\s*>)())?)'
-    r'(?:(?(2)|(?(3)|(?!)))(?=([^<>]*?\bname="([^"]*)")))?'
+    r'(?(2)(?:(?=[^<>]*>)(?!\s+name="[^"“”]*"\s*/?>)()|))'
+    r'(?(3)(?:(?=[^<>]*>)(?!\s+name="[^"“”]*"\s+string="(?:true|false)"\s*>)()|))'
+    r'(?:(?(2)|(?(3)|(?!)))(?=([^<>]*?\bname="([^"]*)"))|)'
     r")"
 )
 _TRUNCATED_RE = re.compile(rf"</?[ \t]*{_BAR}[ \t]*(?:[a-z▁_]*(?:{_BAR})?|dsml[ \t]*{_BAR}[^<>]*)", re.I)
@@ -71,7 +72,7 @@ _LT_RE = re.compile(
 # At a "<" and a bar, the three special-token patterns at once: one match call instead of three, each group
 # holding what that pattern alone would match there.
 _SPECIAL_AT_LT_RE = re.compile(
-    rf"(?=({_V3_RE.pattern}))?(?=({_CONTROL_TOKEN_RE.pattern}))?(?=({_GARBLED_TAG_RE.pattern}))?", re.I
+    rf"(?:(?=({_V3_RE.pattern}))|)(?:(?=({_CONTROL_TOKEN_RE.pattern}))|)(?:(?=({_GARBLED_TAG_RE.pattern}))|)", re.I
 )
 # Written "``*", not "`+": a pattern that opens with a plain literal lets `re` skip ahead to it, and the
 # difference is tenfold on long text. The same reason puts cheap gates before the other patterns.
