@@ -175,7 +175,9 @@ def check(message: Any, *, finish_reason: str | None = None, tools: Any = None, 
         encoded.append(text.encode("utf-8", "surrogatepass"))
     findings += scan_soft(texts, encoded)
     n_calls = len(calls) if isinstance(calls, list) else 0
-    if markup or (finish_reason == "tool_calls" and not n_calls) or not (tool_choice is None or tool_choice == "auto"):
+    calls_missing = not n_calls and isinstance(finish_reason, str) and finish_reason == "tool_calls"
+    if markup or calls_missing or not (tool_choice is None or tool_choice == "auto"):
+        # Otherwise no consistency rule can fire.
         findings += _check_consistency(
             names=names, n_calls=n_calls, markup=markup, finish_reason=finish_reason, tool_choice=tool_choice
         )
