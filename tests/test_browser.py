@@ -18,7 +18,7 @@ import pytest
 
 from repro.procs import ManagedProcess
 from repro.report import render_report
-from test_report import SENTINEL, make_run
+from run_builders import SENTINEL, make_run
 
 pytestmark = pytest.mark.slow
 

@@ -17,7 +17,7 @@ import yaml
 from repro.cli import app
 from repro.errors import UsageError
 from repro.gate import evaluate
-from test_report import make_run, run_main
+from run_builders import make_run, run_main
 
 
 def statuses(result) -> dict[str, str]:

@@ -1,142 +1,23 @@
 """`repro report`: HTML, Markdown and JUnit rendered from real run directories written with RunWriter.
 
-The run directories are built here (the `make_run` helper, also used by the gate and browser tests)
-the way `repro run` writes them: manifest, sessions.jsonl, raw SSE bytes of every non-clean turn,
-summary.json and metrics.csv.
+The run directories come from tests/run_builders.py, written the way `repro run` writes them.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 
-from repro.cli import main
 from repro.gate import evaluate
-from repro.records import FindingRecord, Manifest, RateEstimate, SessionRecord, Summary, TurnRecord
+from repro.records import Summary
 from repro.report import render_report
 from repro.report.model import build_model
-from repro.store import RunWriter
 
-SENTINEL = "｜DSML｜"
-LEAK = f'Let me check.\n\n<{SENTINEL}tool_calls>\n<{SENTINEL}invoke name="get_weather">'
-
-
-def sse(content: str, *, pieces: int = 4) -> bytes:
-    """A streamed chat completion whose content deltas concatenate to `content`."""
-    step = max(1, len(content) // pieces)
-    chunks = [content[i : i + step] for i in range(0, len(content), step)] or [""]
-    lines = [
-        "data: " + json.dumps({"id": "cmpl-1", "choices": [{"index": 0, "delta": {"content": c}}]}) + "\n\n"
-        for c in chunks
-    ]
-    lines.append('data: {"id": "cmpl-1", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}\n\n')
-    lines.append("data: [DONE]\n\n")
-    return "".join(lines).encode("utf-8")
-
-
-def make_run(
-    path: Path,
-    *,
-    name: str = "run",
-    clean: int = 0,
-    corrupt: int = 0,
-    timeout: int = 0,
-    error: int = 0,
-    leak: str = LEAK,
-    options: dict | None = None,
-    metrics: str | None = None,
-    summary: bool = True,
-    task: str = "weather",
-) -> Path:
-    """Write a run directory with the given outcome counts; corrupt sessions carry `leak` in turn 1's content."""
-    writer = RunWriter(path)
-    writer.write_manifest(
-        Manifest(
-            name=name,
-            run_id=f"{name}-id",
-            command=["repro", "run"],
-            options=options or {},
-            workload={"name": "agentic", "path": "experiments/agentic.yaml", "sha256": "0" * 64},
-            target={"base_url": "http://127.0.0.1:9/v1", "model": "deepseek-v4", "embedded": False},
-            started_at="2026-11-29T12:00:00Z",
-            ended_at="2026-11-29T12:05:00Z" if summary else None,
-        )
-    )
-    outcomes = ["clean"] * clean + ["corrupt"] * corrupt + ["timeout"] * timeout + ["error"] * error
-    for sid, outcome in enumerate(outcomes):
-        start = 0.5 * sid
-        turns = [
-            TurnRecord(index=0, status="ok", verdict="clean", start_s=start, ttft_s=0.2 + 0.01 * sid,
-                       e2e_s=1.0 + 0.02 * sid, chunks=5, finish_reason="tool_calls", tool_calls=["get_weather"])
-        ]
-        extra: dict = {}
-        if outcome == "corrupt":
-            start_at = leak.index(SENTINEL) if SENTINEL in leak else 0
-            raw = writer.write_raw(sid, 1, sse(leak))
-            turns.append(TurnRecord(
-                index=1, status="ok", verdict="corrupt", start_s=start + 1.1, ttft_s=0.3, e2e_s=1.5,
-                finish_reason="stop", request_id=f"req-{sid}", raw_path=raw,
-                findings=[FindingRecord(rule="sentinel", field="content", start=start_at,
-                                        end=start_at + len(SENTINEL), excerpt=leak[start_at:start_at + 20],
-                                        severity="hard")],
-            ))
-            extra = {"first_corrupt_turn": 1, "rules": ["sentinel"]}
-        elif outcome == "timeout":
-            raw = writer.write_raw(sid, 1, b'data: {"choices": [{"index": 0, "delta": {"content": "Let"}}]}\n\n')
-            turns.append(TurnRecord(index=1, status="timeout", start_s=start + 1.1, raw_path=raw,
-                                    error="session budget ran out"))
-        elif outcome == "error":
-            raw = writer.write_raw(sid, 1, b'{"error": "overloaded"}', suffix="json")
-            turns.append(TurnRecord(index=1, status="error", start_s=start + 1.1, http_status=503, raw_path=raw,
-                                    error="HTTP 503"))
-        else:
-            turns.append(TurnRecord(index=1, status="ok", verdict="clean", start_s=start + 1.1, ttft_s=0.25,
-                                    e2e_s=1.2, finish_reason="stop"))
-        writer.append_session(SessionRecord(
-            session_id=sid, task=task, outcome=outcome, start_s=start, end_s=start + 3.0, turns=turns,
-            finished=outcome == "clean", clean_turns=1 if outcome != "clean" else 2,
-            wedged=outcome == "timeout", error=turns[-1].error, **extra,
-        ))
-    if summary:
-        n = clean + corrupt
-        writer.write_summary(Summary(
-            sessions=len(outcomes),
-            counts={"clean": clean, "corrupt": corrupt, "timeout": timeout, "error": error, "interrupted": 0},
-            wedged=timeout,
-            corruption_rate=RateEstimate(k=corrupt, n=n, estimate=corrupt / n if n else None, ci_low=0.0,
-                                         ci_high=1.0, method="clopper-pearson"),
-            duration_s=0.5 * len(outcomes) + 3.0,
-        ))
-    writer.close()
-    if metrics is not None:
-        (path / "metrics.csv").write_text(metrics, encoding="utf-8")
-    return path
-
-
-METRICS_CSV = "t_s,metric,labels,value\n" + "".join(
-    f"{t},sglang:num_running_reqs,,{t % 7}\n{t},sglang:load_back_tokens_total,,{100 * t}\n" for t in range(30)
-)
-
-
-def run_main(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    """`repro ARGS` in this process (the imports are paid once): exit code, stdout, stderr."""
-    capsys.readouterr()
-    old = sys.argv
-    sys.argv = ["repro", *args]
-    try:
-        main()
-        code = 0
-    except SystemExit as done:
-        code = done.code if isinstance(done.code, int) else 1
-    finally:
-        sys.argv = old
-    out, err = capsys.readouterr()
-    return code, out, err
+from run_builders import METRICS_CSV, SENTINEL, make_run, run_main
 
 
 def test_corrupt_run_gets_a_corrupt_banner_with_numbers_and_a_highlighted_drilldown(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from test_report import run_main
+from run_builders import run_main
 
 pytestmark = pytest.mark.slow
 
