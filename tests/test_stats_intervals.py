@@ -136,11 +136,11 @@ def test_assess_rejects_bad_arguments() -> None:
         assess_inconclusive(1, 1, 1, threshold=2.0)
 
 
-def test_every_name_of_the_issue_is_importable_from_repro_stats() -> None:
+def test_every_public_name_is_importable_from_repro_stats() -> None:
     import repro.stats
 
     names = """Interval clopper_pearson wilson upper_bound timeout_bounds Inconclusive assess_inconclusive
-        Comparison compare holm benjamini_hochberg power_two_proportions sample_size_two_proportions
+        Comparison compare newcombe_difference holm benjamini_hochberg power_two_proportions sample_size_two_proportions
         SequentialDecision paired_sequential sprt_single confidence_sequence bisect_probe_sessions
         StratifiedResult stratified_exact_test cmh""".split()
     assert sorted(names) == sorted(repro.stats.__all__)
