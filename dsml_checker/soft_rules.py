@@ -19,13 +19,11 @@ _STRIDE = 4
 # Sampling every 4th byte turns a loop unit of 1 to 8 bytes into one of 1, 2, 3, 5 or 7 samples; each of those
 # divides one of these shifts.
 _SAMPLE_SHIFTS = (10, 21)
-_SAMPLE_MIN_ZEROS = 8
-_SAMPLE_ZEROS = b"\0" * _SAMPLE_MIN_ZEROS
+_SAMPLE_ZEROS = b"\0" * 8
 _MIN_LOOP = 48  # no loop the sample can find is shorter
 _SHIFTS = (24, 35)  # together their divisors cover every loop unit of 1 to 8 bytes
-_MIN_ZEROS = 24
 _MAX_UNIT = 8
-_ZEROS = b"\0" * _MIN_ZEROS
+_ZEROS = b"\0" * 24
 _NONZERO_RE = re.compile(rb"[^\0]")
 _FILLER = frozenset(" \t\r\n-=_*#~.:|+/\\")  # whitespace and Markdown rulers repeat legitimately
 _SEPARATOR = b"\xff"  # never valid UTF-8, so no loop runs across two fields
@@ -45,22 +43,32 @@ _RARE_UTF8_RE = re.compile(
 )
 
 
-def _candidate_windows(raw: bytes) -> list[tuple[int, int]]:
-    """Byte windows of `raw` that may hold a loop: there, every 4th byte repeats with a short period."""
-    sample = raw[::_STRIDE]
-    n = len(sample)
-    whole = int.from_bytes(sample, "big")
-    windows = []
-    for shift in _SAMPLE_SHIFTS:
-        if n < shift + _SAMPLE_MIN_ZEROS:
+def _periodic_runs(data: bytes, shifts: tuple[int, ...], zeros: bytes) -> Iterator[tuple[int, int, int]]:
+    """(shift, start, end) for every stretch of `data` that repeats with period `shift` over len(zeros)+ bytes.
+
+    Byte k of `diff` is data[k] ^ data[k - shift], so a run of zero bytes there is such a stretch; the XOR of
+    the whole string as one big integer keeps this to a few C-level operations per shift.
+    """
+    n = len(data)
+    whole = int.from_bytes(data, "big")
+    for shift in shifts:
+        if n < shift + len(zeros):
             continue
         diff = (whole ^ (whole >> (8 * shift))).to_bytes(n, "big")
-        at = diff.find(_SAMPLE_ZEROS, shift)
+        at = diff.find(zeros, shift)
         while at >= 0:
-            nonzero = _NONZERO_RE.search(diff, at + _SAMPLE_MIN_ZEROS)
+            nonzero = _NONZERO_RE.search(diff, at + len(zeros))
             end = n if nonzero is None else nonzero.start()
-            windows.append((max(0, _STRIDE * (at - shift - 1)), min(len(raw), _STRIDE * (end + 1))))
-            at = diff.find(_SAMPLE_ZEROS, end)
+            yield shift, at, end
+            at = diff.find(zeros, end)
+
+
+def _candidate_windows(raw: bytes) -> list[tuple[int, int]]:
+    """Byte windows of `raw` that may hold a loop: there, every 4th byte repeats with a short period."""
+    windows = [
+        (max(0, _STRIDE * (at - shift - 1)), min(len(raw), _STRIDE * (end + 1)))
+        for shift, at, end in _periodic_runs(raw[::_STRIDE], _SAMPLE_SHIFTS, _SAMPLE_ZEROS)
+    ]
     windows.sort()
     merged: list[tuple[int, int]] = []
     for lo, hi in windows:
@@ -78,22 +86,11 @@ def _loops(raw: bytes) -> list[tuple[int, int]]:
 
 def _loop_regions(raw: bytes) -> Iterator[tuple[int, int]]:
     """Byte spans where a unit of 1–8 bytes repeats over 48+ bytes, fillers excepted."""
-    n = len(raw)
-    whole = int.from_bytes(raw, "big")
-    for shift in _SHIFTS:
-        if n < shift + _MIN_ZEROS:
-            continue
-        # Byte k of `diff` is raw[k] ^ raw[k - shift]: a run of zeros is a stretch repeating with that period.
-        diff = (whole ^ (whole >> (8 * shift))).to_bytes(n, "big")
-        at = diff.find(_ZEROS, shift)
-        while at >= 0:
-            nonzero = _NONZERO_RE.search(diff, at + _MIN_ZEROS)
-            end = n if nonzero is None else nonzero.start()
-            region = raw[at - shift : end]
-            unit = next((u for u in range(1, _MAX_UNIT + 1) if region[u:] == region[:-u]), 0)
-            if unit and not set(region[:unit].decode("utf-8", "replace")) <= _FILLER:
-                yield at - shift, end
-            at = diff.find(_ZEROS, end)
+    for shift, at, end in _periodic_runs(raw, _SHIFTS, _ZEROS):
+        region = raw[at - shift : end]
+        unit = next((u for u in range(1, _MAX_UNIT + 1) if region[u:] == region[:-u]), 0)
+        if unit and not set(region[:unit].decode("utf-8", "replace")) <= _FILLER:
+            yield at - shift, end
 
 
 def _chars(encoded: bytes, offset: int) -> int:
