@@ -1,109 +1,37 @@
-"""One chat-completion turn over a shared `httpx.AsyncClient`: send, read (streamed or not), time, classify.
+"""One chat-completion turn over the run's shared `HTTPClient`: send, read (streamed or not), time, classify.
 
 Knows nothing of sessions. Never raises on bad server output: refused or reset connections,
 4xx/5xx, malformed SSE or JSON all come back as a `TurnResult` with status `error`; no bytes for
 `stall_timeout` gives `stalled`; the whole turn exceeding its budget gives `timeout`.
 
-Stalls are watched by one task per turn, not by httpx's read timeout: that one opens a cancel
-scope and schedules (then cancels) a timer for every socket read, a large part of the client's
-CPU per streamed chunk.
+The response is read in the transport's I/O callbacks (see `repro.transport`), so a streamed chunk
+never wakes the turn's task; stalls are watched by one event-loop timer per turn that re-arms itself
+about once per `stall_timeout`, not by a timeout per read.
 """
 
 from __future__ import annotations
 
-import functools
-import itertools
+import asyncio
 import json
 import time
-from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
 
 import anyio
-import httpx
 
 from dsml_checker import StreamAccumulator
 from repro.records import TurnStatus
+from repro.transport import Endpoint, HTTPClient, TransportError
 
-_CONNECT_EVENT = "connection.connect_tcp.started"
-_SENT_EVENT = "http11.send_request_headers.started"
-_HEADERS_EVENTS = ("http11.receive_response_headers.started", "http11.receive_response_headers.complete")
 _SSE_FIELDS = (b"data", b"event", b"id", b"retry")
 
 
-class _ReleasingStream(httpx.AsyncByteStream):
-    """A response body that tells its shard when it is closed."""
-
-    def __init__(self, inner: httpx.AsyncByteStream, release: Callable[[], None]) -> None:
-        self.inner = inner
-        self.release: Callable[[], None] | None = release
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        async for part in self.inner:
-            yield part
-
-    async def aclose(self) -> None:
-        try:
-            await self.inner.aclose()
-        finally:
-            if self.release is not None:
-                self.release()
-                self.release = None
-
-
-class ShardedTransport(httpx.AsyncBaseTransport):
-    """One single-connection pool per connection; a request takes the most recently idle one.
-
-    httpcore's pool rescans all its connections (a poll() and a socket-info lookup for each) on
-    every request and release, quadratic in the pool size: at 60 connections that cost more client
-    CPU than the whole rest of a run. Pools of one connection make each lookup constant. While no
-    more than `connections` requests are in flight every request finds an idle pool at once; beyond
-    that (never in `repro run`, where sessions ≤ connections) extra requests queue round-robin.
-    """
-
-    def __init__(self, connections: int) -> None:
-        limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
-        # One TLS context for all pools: building one costs ~0.1 s of CPU.
-        tls = httpx.create_ssl_context()
-        self.pools = [httpx.AsyncHTTPTransport(verify=tls, limits=limits) for _ in range(max(1, connections))]
-        self.idle = list(reversed(range(len(self.pools))))
-        """A stack: the connection used last is reused first, while its keep-alive is fresh."""
-        self.overflow = itertools.count()
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        if self.idle:
-            index = self.idle.pop()
-            release: Callable[[], None] = functools.partial(self.idle.append, index)
-        else:
-            index = next(self.overflow) % len(self.pools)
-            release = _nothing
-        try:
-            response = await self.pools[index].handle_async_request(request)
-        except BaseException:
-            release()
-            raise
-        assert isinstance(response.stream, httpx.AsyncByteStream)
-        return httpx.Response(
-            status_code=response.status_code,
-            headers=response.headers,
-            stream=_ReleasingStream(response.stream, release),
-            extensions=response.extensions,
-        )
-
-    async def aclose(self) -> None:
-        for pool in self.pools:
-            await pool.aclose()
-
-
-def _nothing() -> None:
-    return None
-
-
-def make_client(concurrency: int, *, headers: dict[str, str] | None = None) -> httpx.AsyncClient:
+def make_client(concurrency: int, *, headers: dict[str, str] | None = None) -> HTTPClient:
     """The run's one shared HTTP client: room for `concurrency` connections, no hidden cap.
 
-    Environment proxies are ignored (the target is addressed directly, usually on loopback).
+    Environment proxies are not consulted: the target is addressed directly, usually on loopback.
     """
-    return httpx.AsyncClient(transport=ShardedTransport(concurrency), headers=headers, trust_env=False)
+    return HTTPClient(concurrency, headers=headers)
 
 
 @dataclass
@@ -124,7 +52,6 @@ class TurnResult:
     e2e_s: float | None = None
     max_gap_s: float | None = None
     chunks: int = 0
-    gaps: list[float] = field(default_factory=list, repr=False)
 
     @property
     def cached_tokens(self) -> int | None:
@@ -142,11 +69,13 @@ class _Failure(Exception):
 
 
 class _Clock:
-    """Timestamps of one request; `sent` comes from httpcore's trace hook."""
+    """Timestamps of one request, set by the transport's callbacks (see `_Turn`)."""
 
     def __init__(self) -> None:
         self.start = time.perf_counter()
         self.sent: float | None = None
+        """The first network action (connecting, or sending on a reused connection): connect time
+        is the server's accept latency, not client-side queueing."""
         self.first_token: float | None = None
         self.first_bytes: float | None = None
         self.last_bytes: float | None = None
@@ -154,14 +83,6 @@ class _Clock:
         """When the client began waiting for the answer, or its headers came: where a stall is timed from before body bytes."""
         self.max_gap = 0.0
         self.stalled = False
-
-    async def trace(self, name: str, info: dict[str, Any]) -> None:
-        # The first network action ends the client-side wait: connecting (a new connection) or
-        # sending headers (a reused one). Connect time is the server's accept latency, not queueing.
-        if self.sent is None and name in (_CONNECT_EVENT, _SENT_EVENT):
-            self.sent = time.perf_counter()
-        elif name in _HEADERS_EVENTS:
-            self.heard = time.perf_counter()
 
     @property
     def quiet_since(self) -> float | None:
@@ -175,7 +96,9 @@ class _Clock:
     def got_bytes(self) -> None:
         now = time.perf_counter()
         if self.last_bytes is not None:
-            self.max_gap = max(self.max_gap, now - self.last_bytes)
+            gap = now - self.last_bytes
+            if gap > self.max_gap:
+                self.max_gap = gap
         else:
             self.first_bytes = now
         self.last_bytes = now
@@ -288,22 +211,6 @@ def _http_error(status: int, body: bytes) -> str:
     return f"HTTP {status}" + (f": {excerpt}" if excerpt else "")
 
 
-def _transport_error(err: httpx.HTTPError) -> str:
-    kinds = {
-        httpx.ConnectError: "connection failed",
-        httpx.RemoteProtocolError: "connection closed by server",
-        httpx.ReadError: "connection reset while reading",
-        httpx.WriteError: "connection reset while sending",
-        httpx.PoolTimeout: "no free connection in the pool",
-        httpx.ConnectTimeout: "connect timed out",
-        httpx.WriteTimeout: "send timed out",
-    }
-    for kind, text in kinds.items():
-        if isinstance(err, kind):
-            return f"{text}: {err}" if str(err) else text
-    return f"{type(err).__name__}: {err}"
-
-
 def _parse_completion(body: bytes) -> tuple[dict[str, Any], str | None, dict[str, Any] | None, str | None]:
     try:
         data = json.loads(body)
@@ -320,73 +227,93 @@ def _parse_completion(body: bytes) -> tuple[dict[str, Any], str | None, dict[str
     return message, choices[0].get("finish_reason"), usage, request_id
 
 
-async def _watch_stall(clock: _Clock, stall_timeout: float, scope: anyio.CancelScope) -> None:
-    """Mark the turn stalled and cancel `scope` once the server has been quiet for `stall_timeout`.
+class _StallWatch:
+    """Marks the turn stalled and cancels `scope` once the server has been quiet for `stall_timeout`.
 
-    Wakes about once per `stall_timeout` while bytes flow, instead of a timer per read.
+    One event-loop timer, re-armed for the rest of the quiet spell each time it fires while bytes flow.
     """
-    while True:
+
+    def __init__(self, clock: _Clock, stall_timeout: float, scope: anyio.CancelScope) -> None:
+        self.clock = clock
+        self.stall_timeout = stall_timeout
+        self.scope = scope
+        self.loop = asyncio.get_running_loop()
+        self.timer = self.loop.call_later(stall_timeout, self._check)
+
+    def _check(self) -> None:
         now = time.perf_counter()
-        since = clock.quiet_since
-        if since is not None and now - since >= stall_timeout:
-            clock.stalled = True
-            scope.cancel()
+        since = self.clock.quiet_since
+        if since is not None and now - since >= self.stall_timeout:
+            self.clock.stalled = True
+            self.scope.cancel()
             return
-        await anyio.sleep((since if since is not None else now) + stall_timeout - now)
+        self.timer = self.loop.call_later((since if since is not None else now) + self.stall_timeout - now, self._check)
+
+    def stop(self) -> None:
+        self.timer.cancel()
 
 
-async def _exchange(
-    client: httpx.AsyncClient,
-    url: str | httpx.URL,
-    body: dict[str, Any],
-    *,
-    stream: bool,
-    timeout: httpx.Timeout,
-    headers: dict[str, str] | None,
-    reader: _SSEReader,
-    raw: bytearray,
-    result: TurnResult,
-) -> None:
-    """Send the request and read the answer into `raw` and `result`; bad server output ends up in `result.error`."""
-    clock = reader.clock
-    try:
-        async with client.stream(
-            "POST", url, json=body, headers=headers, timeout=timeout, extensions={"trace": clock.trace}
-        ) as response:
-            result.http_status = response.status_code
-            async for data in response.aiter_bytes():
-                clock.got_bytes()
-                raw += data
-                if response.status_code < 400 and stream:
-                    reader.feed(data)
-            if response.status_code >= 400:
-                result.error = _http_error(response.status_code, bytes(raw))
-            elif stream:
-                reader.finish()
-                message = reader.accumulator.message()
-                result.status = "ok"
-                result.message = message
-                result.finish_reason = reader.accumulator.finish_reason
-                result.usage = reader.accumulator.usage
-                result.request_id = reader.request_id
-                result.chunks = reader.events
-            else:
-                message, finish, usage, request_id = _parse_completion(bytes(raw))
-                # Without streaming the first answer byte is the closest thing to a first token.
-                clock.first_token = clock.first_bytes
-                result.status = "ok"
-                result.message, result.finish_reason, result.usage = message, finish, usage
-                result.request_id = request_id
-                result.chunks = 1
-    except _Failure as failure:
-        result.error = str(failure)
-    except httpx.HTTPError as err:
-        result.error = _transport_error(err)
+class _Turn:
+    """The `ResponseSink` of one turn: times the response, keeps its bytes, parses the stream as it comes."""
+
+    def __init__(self, stream: bool) -> None:
+        self.clock = _Clock()
+        self.stream = stream
+        self.reader = _SSEReader(self.clock)
+        self.raw = bytearray()
+        self.status: int | None = None
+        self.parse = False
+        """Feed the body to the SSE reader: a streamed answer with a success status."""
+
+    def started(self) -> None:
+        if self.clock.sent is None:
+            self.clock.sent = time.perf_counter()
+
+    def waiting(self) -> None:
+        self.clock.heard = time.perf_counter()
+
+    def headers(self, status: int) -> None:
+        self.clock.heard = time.perf_counter()
+        self.status = status
+        self.parse = self.stream and status < 400
+
+    def body(self, data: bytes) -> None:
+        self.clock.got_bytes()
+        self.raw += data
+        if self.parse:
+            self.reader.feed(data)
+
+    def conclude(self, result: TurnResult) -> None:
+        """The response has ended: fill `result` from it, or raise _Failure when it is not a whole answer."""
+        result.http_status = self.status
+        assert self.status is not None
+        if self.status >= 400:
+            raise _Failure(_http_error(self.status, bytes(self.raw)))
+        if self.stream:
+            reader = self.reader
+            reader.finish()
+            result.message = reader.accumulator.message()
+            result.finish_reason = reader.accumulator.finish_reason
+            result.usage = reader.accumulator.usage
+            result.request_id = reader.request_id
+            result.chunks = reader.events
+        else:
+            message, finish, usage, request_id = _parse_completion(bytes(self.raw))
+            # Without streaming the first answer byte is the closest thing to a first token.
+            self.clock.first_token = self.clock.first_bytes
+            result.message, result.finish_reason, result.usage = message, finish, usage
+            result.request_id = request_id
+            result.chunks = 1
+        result.status = "ok"
+
+
+# ASCII escapes: model output echoed back in the history may hold lone surrogates, which UTF-8 cannot encode.
+_JSON = json.JSONEncoder(separators=(",", ":"))
 
 
 async def send_turn(
-    client: httpx.AsyncClient,
-    url: str | httpx.URL,
+    client: HTTPClient,
+    endpoint: Endpoint,
     payload: dict[str, Any],
     *,
     stream: bool = True,
@@ -395,31 +322,38 @@ async def send_turn(
     headers: dict[str, str] | None = None,
 ) -> TurnResult:
     """POST one chat completion and classify how it ended; see the module docstring."""
-    clock = _Clock()
-    # No read timeout: _watch_stall times the quiet spells.
-    timeout = httpx.Timeout(connect=stall_timeout, read=None, write=stall_timeout, pool=turn_timeout)
     body = {**payload, "stream": stream}
     if stream:
         body.setdefault("stream_options", {"include_usage": True})
-    raw = bytearray()
+    turn = _Turn(stream)
+    clock = turn.clock
     result = TurnResult(status="error")
-    reader = _SSEReader(clock)
-    with anyio.move_on_after(turn_timeout) as scope:
-        async with anyio.create_task_group() as group:
-            group.start_soon(_watch_stall, clock, stall_timeout, group.cancel_scope)
-            await _exchange(
-                client, url, body, stream=stream, timeout=timeout, headers=headers, reader=reader, raw=raw, result=result
+    with anyio.move_on_after(turn_timeout) as budget, anyio.CancelScope() as stall_scope:
+        watch = _StallWatch(clock, stall_timeout, stall_scope)
+        try:
+            await client.post(
+                endpoint,
+                _JSON.encode(body).encode(),
+                turn,
+                connect_timeout=stall_timeout,
+                headers=headers,
+                accept="text/event-stream" if stream else "application/json",
             )
-            group.cancel_scope.cancel()
+            turn.conclude(result)
+        except (_Failure, TransportError) as failure:
+            result.error = str(failure)
+        finally:
+            watch.stop()
     if clock.stalled:
         result.status = "stalled"
         result.error = f"no bytes for {stall_timeout:g}s"
-    if scope.cancelled_caught:
+    if budget.cancelled_caught:
         result.status = "timeout"
         result.error = f"turn exceeded {turn_timeout:g}s"
+    result.http_status = turn.status
     if result.request_id is None:
-        result.request_id = reader.request_id
-    result.chunks = result.chunks or reader.events
-    result.raw = bytes(raw)
+        result.request_id = turn.reader.request_id
+    result.chunks = result.chunks or turn.reader.events
+    result.raw = bytes(turn.raw)
     clock.fill(result)
     return result

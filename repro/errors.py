@@ -51,7 +51,9 @@ def describe_validation_error(err: ValidationError, *, source: str, lines: dict[
                 where = f"{source}:{line}"
                 break
     extra = "" if len(err.errors()) == 1 else f" (and {len(err.errors()) - 1} more)"
-    return f"{where}: {field}: {first['msg']}{extra}"
+    # A validator's own ValueError text says what is wrong; pydantic's "Value error, " prefix adds nothing.
+    message = str(first["msg"]).removeprefix("Value error, ")
+    return f"{where}: {field}: {message}{extra}"
 
 
 def describe_yaml_error(err: Exception, *, source: str) -> str:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import anyio
+import httptools
 import httpx
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -44,6 +45,7 @@ from repro.records import Manifest, SessionRecord, Summary
 from repro.session import Session, SessionConfig
 from repro.sim.launch import start_sim
 from repro.store import METRICS, REPORT, RunWriter, slug
+from repro.transport import Endpoint, tls_context
 from repro.workload import load_workload
 
 EMBEDDED_SIM_ARGS = ("--enable-hierarchical-cache", "--index-k-dtype", "bf16", "--enable-metrics", "--enable-cache-report")
@@ -82,9 +84,12 @@ class RunOptions(BaseModel):
     @field_validator("base_url")
     @classmethod
     def _http_url(cls, value: str | None) -> str | None:
-        if value is not None and not value.startswith(("http://", "https://")):
+        if value is None:
+            return value
+        if not value.startswith(("http://", "https://")):
             raise ValueError("must start with http:// or https://")
-        return value.rstrip("/") if value else value
+        Endpoint.parse(value)  # a ValueError names what else is wrong: no host, a bad port
+        return value.rstrip("/")
 
     @field_validator("extra_body", mode="before")
     @classmethod
@@ -167,7 +172,7 @@ def _headers(options: RunOptions) -> dict[str, str]:
 
 def resolve_target(base_url: str, model: str | None, headers: dict[str, str], *, embedded: bool, sim_args: list[str]) -> Target:
     """Check that the target answers `/models`; pick the model; read `/server_info` when there is one."""
-    with httpx.Client(timeout=TARGET_CHECK_TIMEOUT_S, trust_env=False, headers=headers) as client:
+    with httpx.Client(timeout=TARGET_CHECK_TIMEOUT_S, trust_env=False, headers=headers, verify=tls_context()) as client:
         try:
             response = client.get(f"{base_url}/models")
         except httpx.HTTPError as err:
@@ -246,7 +251,7 @@ async def _drive(
 
     async with (
         make_client(concurrency) as client,
-        httpx.AsyncClient(trust_env=False, headers=config.headers) as side_client,
+        httpx.AsyncClient(trust_env=False, headers=config.headers, verify=tls_context()) as side_client,
         anyio.create_task_group() as group,
     ):
         scraper = MetricsScraper(side_client, metrics_url(base_url), writer.path / METRICS)
@@ -271,6 +276,7 @@ def _versions() -> dict[str, str]:
         "repro": __version__,
         "python": platform.python_version(),
         "httpx": httpx.__version__,
+        "httptools": httptools.__version__,
     }
 
 

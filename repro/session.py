@@ -20,12 +20,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-import httpx
-
 from dsml_checker import check
 from repro import sandbox
 from repro.client import TurnResult, send_turn
 from repro.records import FindingRecord, SessionRecord, TurnRecord
+from repro.transport import Endpoint, HTTPClient
 from repro.workload import Workload
 
 RawKeeper = Callable[[int, int, bytes], str]
@@ -55,8 +54,8 @@ class SessionConfig:
         return self.workload.openai_tools()
 
     @functools.cached_property
-    def endpoint(self) -> httpx.URL:
-        return httpx.URL(self.url)
+    def endpoint(self) -> Endpoint:
+        return Endpoint.parse(self.url)
 
 
 def _assistant_message(message: dict[str, Any], turn: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -91,7 +90,7 @@ class Session:
         self,
         session_id: int,
         config: SessionConfig,
-        client: httpx.AsyncClient,
+        client: HTTPClient,
         *,
         keep_raw: RawKeeper,
         origin: float,

@@ -5,12 +5,12 @@ from __future__ import annotations
 from typing import Any, Iterator
 
 import anyio
-import httpx
 import pytest
 
 from faulty_servers import start_faulty_server
-from repro.client import TurnResult, send_turn
+from repro.client import TurnResult, make_client, send_turn
 from repro.procs import free_port
+from repro.transport import Endpoint
 
 TOOLS = [
     {
@@ -35,10 +35,10 @@ def turn(url: str, *, stream: bool = True, history: int = 0, turn_timeout: float
     messages += [{"role": "assistant", "content": "ok"}] * history
 
     async def go() -> TurnResult:
-        async with httpx.AsyncClient(trust_env=False) as client:
+        async with make_client(2) as client:
             payload = {"model": "m", "messages": messages, "tools": TOOLS}
             return await send_turn(
-                client, url, payload, stream=stream, turn_timeout=turn_timeout, stall_timeout=stall_timeout
+                client, Endpoint.parse(url), payload, stream=stream, turn_timeout=turn_timeout, stall_timeout=stall_timeout
             )
 
     return anyio.run(go)
