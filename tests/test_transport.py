@@ -20,6 +20,19 @@ from repro.transport import Endpoint, HTTPClient, TransportError
 
 BODY = b'{"messages": []}'
 PIECES = [b"data: one\n\n", b"data: two\n\n", b"data: [DONE]\n\n"]
+CHUNKED = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+
+
+def _frame(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+ANSWER_THEN_CLOSE = {
+    "/close": b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok",
+    "/until-eof": b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\nthe body ends where the connection does",
+    "/garbage": b"SPDY/9 maybe\r\n\r\n",
+    "/cut": CHUNKED + _frame(PIECES[0]),  # then the connection closes mid-body
+}
 
 
 @dataclass
@@ -58,9 +71,8 @@ class Server:
 
     async def _answer(self, path: str, served: int, writer: asyncio.StreamWriter, reader: asyncio.StreamReader) -> bool:
         """Write the answer for `path`; False to close the connection afterwards."""
-        chunked = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
         if path == "/ok" or (path == "/once" and served == 0):
-            writer.write(chunked + b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in PIECES) + b"0\r\n\r\n")
+            writer.write(CHUNKED + b"".join(_frame(piece) for piece in PIECES) + b"0\r\n\r\n")
             return True
         if path in ("/once", "/drop"):
             return False  # read the request, then hang up without a word
@@ -68,20 +80,11 @@ class Server:
             await self.release.wait()
             writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
             return True
-        if path == "/close":
-            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok")
-            return False
-        if path == "/until-eof":
-            writer.write(b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\nthe body ends where the connection does")
-            return False
-        if path == "/garbage":
-            writer.write(b"SPDY/9 maybe\r\n\r\n")
-            return False
-        if path == "/cut":
-            writer.write(chunked + b"%x\r\n%s\r\n" % (len(PIECES[0]), PIECES[0]))
+        if path in ANSWER_THEN_CLOSE:
+            writer.write(ANSWER_THEN_CLOSE[path])
             return False
         if path == "/hang":
-            writer.write(chunked + b"%x\r\n%s\r\n" % (len(PIECES[0]), PIECES[0]))
+            writer.write(CHUNKED + _frame(PIECES[0]))
             await writer.drain()
             if await reader.read(1) == b"":
                 self.hung_up.set()
