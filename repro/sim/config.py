@@ -42,6 +42,9 @@ class SimConfig(BaseModel):
     disable_overlap_schedule: bool = False
     disable_cuda_graph: bool = False
     disaggregation_mode: Literal["null", "prefill", "decode"] = "null"
+    """prefill or decode: the simulator stands for the whole PD pair (prefill, decode, router)."""
+    disaggregation_waiting_timeout: float = Field(300.0, gt=0)
+    """Simulated seconds a PD request may wait for its KV before it fails (SGLANG_DISAGGREGATION_WAITING_TIMEOUT)."""
     enable_metrics: bool = True
     enable_cache_report: bool = True
     # The simulator's own flags.
@@ -53,6 +56,8 @@ class SimConfig(BaseModel):
     seed: int = 0
     final_after_turns: int = Field(6, ge=1)
     """Answer with a final text once the conversation holds this many assistant turns."""
+    disaggregation_metadata_slots: int = Field(45, ge=1)
+    """PD: the decode side's metadata slots; more transfers in flight than slots can lose a completion notice."""
     fault_log: Path | None = None
     warmup: float = Field(0.0, ge=0)
     """Real seconds during which /health answers 503, as a starting server does."""
@@ -60,6 +65,11 @@ class SimConfig(BaseModel):
 
 _FLAG_HELP: dict[str, str] = {
     "max_total_tokens": "device KV pool size in tokens",
+    "disaggregation_mode": "null, or prefill|decode: the simulator then stands for the whole PD pair behind a "
+                           "router, and every request's KV transfer is simulated",
+    "disaggregation_waiting_timeout": "PD: simulated seconds before a request stuck in its KV transfer fails",
+    "disaggregation_metadata_slots": "PD: decode-side metadata slots; more transfers in flight than slots can "
+                                     "lose a completion notice and wedge its request",
     "enable_hierarchical_cache": "HiCache: evicted prefix pages move to a host tier and are loaded back layer by layer",
     "index_k_dtype": "index-K storage: bf16 copies twice the bytes of fp8 per layer",
     "index_k_gate": "the fix: gate the index-K read on its layer's load-back",
@@ -109,4 +119,6 @@ def server_info(config: SimConfig) -> dict[str, Any]:
     """The `/server_info` body: every flag under SGLang's key name, the version, and the simulator marker."""
     info: dict[str, Any] = config.model_dump(mode="json")
     info.update(version=SIM_VERSION, simulator=True)
+    if config.disaggregation_mode != "null":
+        info["pd_topology"] = "simulated: one process stands for the prefill server, the decode server and the router"
     return info

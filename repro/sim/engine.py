@@ -10,6 +10,10 @@ Per layer the copy moves the index-K bytes, then the main-KV bytes. The forward 
 the indexer reads a layer's index-K first, then the attention reads its main KV, which waits for that
 layer's copy. Without `--index-k-gate` the index-K read does not wait; if it comes before the layer's
 index-K bytes have landed, the request read stale pages and its output is corrupt.
+
+With `--disaggregation-mode prefill|decode` the engine stands for a whole PD pair: a request first
+passes the decode side's prealloc and transfer queues (repro.sim.pd), its prefill's KV travels to the
+decode side, and its first token is emitted only once the decode side has seen the transfer complete.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from repro.sim.config import SimConfig
+from repro.sim.pd import DecodeTransfers, Transfer, Wedge
 
 CHARS_PER_TOKEN = 4
 """The simulator's tokenizer: a token is four characters of rendered prompt or completion."""
@@ -63,6 +68,10 @@ class Costs:
     """
     tokens_per_step: int = 8
     """Tokens each running request gains per decode step: streams get chunks of several tokens."""
+    kv_transfer_bytes_per_s: float = 20e9
+    """PD: prefill-to-decode RDMA rate for a request's whole KV (every layer's main KV and index-K)."""
+    pd_idle_poll_s: float = 0.02
+    """PD: a decode scheduler step with nothing to run, only transfers to poll."""
 
 
 def page_keys(text: str, page_size: int) -> list[str]:
@@ -111,6 +120,14 @@ class EngineRequest:
     reserved_pages: int = 0
     arrival_real: float = 0.0
     first_token_real: float | None = None
+    transfer: Transfer | None = None
+    """PD: its KV transfer; None in null mode and for health probes (SGLang's fake bootstrap)."""
+    fake_transfer: bool = False
+    """PD: skip the transfer, as SGLang's /health_generate does with its fake bootstrap host."""
+    on_wedged: Callable[[Wedge], None] | None = None
+    """PD: called when its transfer's completion notice is lost."""
+    error: str | None = None
+    """Why the engine failed it (a PD transfer that timed out); None otherwise."""
 
 
 class PrefixCache:
@@ -193,6 +210,7 @@ class Counters:
     requests: int = 0
     aborted: int = 0
     cuda_graph_passes: int = 0
+    transfer_failed: int = 0
 
 
 class Engine:
@@ -210,13 +228,19 @@ class Engine:
         self.reserved_pages = 0
         self.now = 0.0
         self.counters = Counters()
+        self.pd: DecodeTransfers | None = None
+        if config.disaggregation_mode != "null":
+            self.pd = DecodeTransfers(config.disaggregation_metadata_slots, config.disaggregation_waiting_timeout)
         self._wake = asyncio.Event()
 
     # --- public interface -------------------------------------------------------------------
 
     def submit(self, request: EngineRequest) -> None:
         request.arrival_real = asyncio.get_running_loop().time()
-        self.waiting.append(request)
+        if self.pd is not None and not request.fake_transfer:
+            self.pd.add(request)
+        else:
+            self.waiting.append(request)
         self._wake.set()
 
     def abort(self, request: EngineRequest) -> None:
@@ -225,17 +249,27 @@ class Engine:
             return
         request.aborted = True
         self.counters.aborted += 1
+        if self.pd is not None:
+            self.pd.forget(request)
         if request in self.waiting:
             self.waiting.remove(request)
         elif request in self.running:
             self.running.remove(request)
+            self._release(request)
+        elif request.transfer is not None and request.transfer.state == "Transferring":
+            # Prefilled: the KV it reserved is held until the transfer is given up.
             self._release(request)
         request.finished = True
         request.changed.set()
 
     @property
     def busy(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or (self.pd is not None and self.pd.pending))
+
+    def num_requests(self) -> int:
+        """Requests anywhere in the engine, each counted once (a PD request can wait in two queues)."""
+        queues = [self.waiting, self.running] + ([self.pd.prealloc, self.pd.queue] if self.pd is not None else [])
+        return len({id(r) for queue in queues for r in queue})
 
     def used_tokens(self) -> int:
         return (len(self.cache.device) + self.reserved_pages) * self.config.page_size
@@ -264,10 +298,41 @@ class Engine:
 
     def step(self) -> float:
         """Run one scheduler step and return its simulated cost."""
+        if self.pd is not None:
+            self._pd_step()
         batch = self._admit()
         if batch:
             return self._prefill(batch)
+        if self.pd is not None and not self.running:
+            return self.costs.pd_idle_poll_s
         return self._decode()
+
+    def _pd_step(self) -> None:
+        assert self.pd is not None
+        capacity = self.config.max_running_requests - len(self.running) - len(self.pd.queue)
+        claimed, transferred, failed = self.pd.step(self.now, capacity)
+        # A claimed slot is the decode side's handshake: the prefill side may now schedule the request.
+        self.waiting.extend(claimed)
+        for request in transferred:
+            self.running.append(request)
+            self._emit(request, 1)
+        for request in failed:
+            self._fail(request, f"KV transfer of {request.rid} failed: no completion after "
+                                f"{self.config.disaggregation_waiting_timeout:g}s (disaggregation waiting timeout)")
+
+    def _fail(self, request: EngineRequest, reason: str) -> None:
+        self.counters.transfer_failed += 1
+        if request in self.waiting:
+            self.waiting.remove(request)
+        else:
+            self._release(request)
+        request.error = reason
+        request.finished = True
+        request.changed.set()
+
+    def _kv_transfer_s(self, request: EngineRequest) -> float:
+        per_token = self.costs.layers * (self.costs.main_kv_bytes + self.index_k_bytes)
+        return request.prompt_tokens * per_token / self.costs.kv_transfer_bytes_per_s
 
     def _free_pages(self) -> int:
         return self.cache.device_capacity - len(self.cache.device) - self.reserved_pages
@@ -320,15 +385,21 @@ class Engine:
             duration = max(duration, end)
             if race is not None:
                 races[id(request)] = race
+        local: list[EngineRequest] = []
         for request in batch:
             self.counters.requests += 1
             self.counters.prompt_tokens += request.prompt_tokens
             self.counters.cached_tokens += request.cached_tokens
             self.counters.load_back_tokens += request.load_back_tokens
             request.output_tokens = max(1, request.on_prefilled(races.get(id(request))))
-            self.running.append(request)
+            if self.pd is not None and self.pd.holds(request):
+                # PD: the first token travels with the KV; the decode side emits it once it sees the notice.
+                self.pd.sent(request, self.now + duration + gap + self._kv_transfer_s(request))
+            else:
+                self.running.append(request)
+                local.append(request)
         # The prefill's forward emits every request's first token.
-        for request in batch:
+        for request in local:
             self._emit(request, 1)
         return duration + gap
 

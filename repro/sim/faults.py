@@ -1,4 +1,4 @@
-"""The ground truth: a record of every fault the simulator injected, as JSON lines and in memory."""
+"""The ground truth: every fault the simulator injected (JSON lines and in memory), and every PD wedge."""
 
 from __future__ import annotations
 
@@ -22,6 +22,21 @@ class FaultRecord:
     load_back_tokens: int
     link_share: int
     index_k_dtype: str
+
+
+@dataclass(frozen=True)
+class WedgeRecord:
+    """One PD request whose completion notice was lost: it will get no first token (served at /debug/wedges)."""
+
+    request_id: str
+    conversation: str
+    turn: int
+    state: str
+    slot: int
+    sim_time_s: float
+    cause: str
+    by_request_id: str
+    in_flight: int
 
 
 class FaultLog:

@@ -49,6 +49,13 @@ class _EngineCollector:
         yield self._counter("evicted_tokens", "Tokens evicted from the device cache.",
                             engine.cache.evicted_pages * engine.config.page_size)
         yield self._counter("cuda_graph_passes", "Decode steps run as CUDA graphs.", counters.cuda_graph_passes)
+        if engine.pd is not None:
+            yield self._gauge("num_decode_prealloc_queue_reqs", "PD: requests waiting for a decode-side slot.",
+                              len(engine.pd.prealloc))
+            yield self._gauge("num_decode_transfer_queue_reqs", "PD: requests waiting for their KV transfer.",
+                              len(engine.pd.queue))
+            yield self._counter("num_transfer_failed_reqs", "PD: requests whose KV transfer failed.",
+                                counters.transfer_failed)
 
 
 class SimMetrics:

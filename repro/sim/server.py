@@ -24,10 +24,11 @@ from dsml_checker import check
 from repro.sim.config import SimConfig, server_info
 from repro.sim.corrupt import damage
 from repro.sim.engine import CHARS_PER_TOKEN, Engine, EngineRequest, Race, context_length, count_tokens, page_keys
-from repro.sim.faults import FaultLog, FaultRecord
+from repro.sim.faults import FaultLog, FaultRecord, WedgeRecord
 from repro.sim.metrics import SimMetrics
 from repro.sim.model import answer, assistant_turns, conversation_key, rng_for
 from repro.sim.parser import ParsedOutput, parse_output, tools_enabled
+from repro.sim.pd import Wedge
 from repro.sim.protocol import ChatRequest, Reply, StreamCursor, error_body, now_s, render_prompt
 
 READY_BANNER = "The server is fired up and ready to roll!"
@@ -38,13 +39,14 @@ def _error(message: str, status: int, *, param: str | None = None) -> JSONRespon
 
 
 class Simulator:
-    """Shared state of one server: the engine, its metrics, the fault log."""
+    """Shared state of one server: the engine, its metrics, the fault log, the PD wedges."""
 
     def __init__(self, config: SimConfig, is_corrupt: Callable[[ParsedOutput, str, dict[str, Any]], bool]) -> None:
         self.config = config
         self.engine = Engine(config)
         self.metrics = SimMetrics(self.engine, config.served_model_name)
         self.faults = FaultLog(config.fault_log)
+        self.wedges: list[WedgeRecord] = []
         self.is_corrupt = is_corrupt
         self.ready_at = float("inf")
 
@@ -81,7 +83,15 @@ class Simulator:
                                    prompt_tokens, tokens, engine_request.cached_tokens))
             return tokens
 
-        engine_request = EngineRequest(request_id, prompt_tokens, page_keys(prompt, self.config.page_size), on_prefilled)
+        def on_wedged(wedge: Wedge) -> None:
+            self.wedges.append(WedgeRecord(
+                request_id=request_id, conversation=conversation_key(messages), turn=assistant_turns(messages),
+                state=wedge.state, slot=wedge.slot, sim_time_s=wedge.sim_time_s, cause=wedge.cause,
+                by_request_id=wedge.by_request_id, in_flight=wedge.in_flight,
+            ))
+
+        engine_request = EngineRequest(request_id, prompt_tokens, page_keys(prompt, self.config.page_size), on_prefilled,
+                                       on_wedged=on_wedged)
         self.engine.submit(engine_request)
         return engine_request, reply
 
@@ -139,7 +149,7 @@ def create_app(config: SimConfig) -> Starlette:
         return Response(status_code=200 if ready else 503)
 
     async def health_generate(request: Request) -> Response:
-        probe = EngineRequest("health-" + secrets.token_hex(4), 1, [], lambda race: 1)
+        probe = EngineRequest("health-" + secrets.token_hex(4), 1, [], lambda race: 1, fake_transfer=True)
         sim.engine.submit(probe)
         try:
             await asyncio.wait_for(probe.changed.wait(), timeout=20.0)
@@ -158,7 +168,7 @@ def create_app(config: SimConfig) -> Starlette:
 
     async def loads(request: Request) -> Response:
         engine = sim.engine
-        return JSONResponse({"loads": [{"dp_rank": 0, "num_reqs": len(engine.running) + len(engine.waiting),
+        return JSONResponse({"loads": [{"dp_rank": 0, "num_reqs": engine.num_requests(),
                                         "num_waiting_reqs": len(engine.waiting), "num_tokens": engine.used_tokens()}]})
 
     async def flush_cache(request: Request) -> Response:
@@ -172,6 +182,9 @@ def create_app(config: SimConfig) -> Starlette:
 
     async def faults(request: Request) -> Response:
         return JSONResponse({"faults": [asdict(r) for r in sim.faults.records]})
+
+    async def wedges(request: Request) -> Response:
+        return JSONResponse({"wedges": [asdict(r) for r in sim.wedges]})
 
     async def chat(request: Request) -> Response:
         try:
@@ -203,6 +216,8 @@ def create_app(config: SimConfig) -> Starlette:
                 await engine_request.changed.wait()
         finally:
             sim.engine.abort(engine_request)
+        if engine_request.error is not None:
+            return _error(engine_request.error, 500)
         if engine_request.aborted:
             return _error("The request was aborted.", 503)
         _observe(engine_request)
@@ -217,7 +232,18 @@ def create_app(config: SimConfig) -> Starlette:
     async def _stream(engine_request: EngineRequest, pending: asyncio.Future[Reply], include_usage: bool) -> AsyncIterator[str]:
         loop = asyncio.get_running_loop()
         try:
-            await pending
+            # Until the first token: in PD mode the reply exists once the prefill ran, but nothing may reach
+            # the client before the decode side has the KV.
+            while not (engine_request.tokens_done or engine_request.finished):
+                engine_request.changed.clear()
+                await engine_request.changed.wait()
+            if engine_request.error is not None:
+                # SGLang's streaming error event for a request the scheduler aborted, then the end of the stream.
+                yield _sse(error_body(engine_request.error, status=500, kind="InternalServerError"))
+                yield "data: [DONE]\n\n"
+                return
+            if engine_request.aborted:
+                return
             reply = pending.result()
             yield _sse(reply.chunk({"role": "assistant", "content": ""}))
             cursor = StreamCursor(reply)
@@ -249,7 +275,7 @@ def create_app(config: SimConfig) -> Starlette:
         Route("/health", health), Route("/health_generate", health_generate), Route("/v1/models", models),
         Route("/server_info", info), Route("/get_server_info", info), Route("/v1/loads", loads),
         Route("/get_load", loads), Route("/flush_cache", flush_cache, methods=["POST"]), Route("/metrics", metrics),
-        Route("/debug/faults", faults), Route("/v1/chat/completions", chat, methods=["POST"]),
+        Route("/debug/faults", faults), Route("/debug/wedges", wedges), Route("/v1/chat/completions", chat, methods=["POST"]),
     ]
     return Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: not_found})
 
