@@ -96,13 +96,34 @@ def test_timeouts_at_the_baseline_make_a_cause_inconclusive_and_are_analysed_on_
     analysis = analyse_counts(make_spec(["hicache", "index_k"]), outcomes)
     hicache = analysis.factors[0]
     assert hicache.verdict == "inconclusive"
-    assert "36 timeouts with hicache off were clean" in hicache.reasons[0]
+    assert hicache.reasons[0] == "not significant if the 36 timeouts with hicache off had been corrupt"
     timeouts = {e.factor: e for e in analysis.timeouts}
     assert timeouts["hicache"].verdict == "reduces" and timeouts["index_k"].verdict == "no detectable effect"
     wedges = {e.factor: e for e in analysis.wedges}
     assert wedges["hicache"].verdict == "causes" and wedges["hicache"].treated.k == 12
     assert "hicache on (vs off) lowers timeouts: 0/60 vs 36/60" in analysis.verdict
     assert all(c.inconclusive for c in analysis.cells if c.levels["hicache"] == "off")
+
+
+def test_an_amplifier_seen_only_among_completed_sessions_is_inconclusive_when_its_timeouts_could_be_clean() -> None:
+    # PD wedges end sessions before they can corrupt: among completed sessions PD looks like it widens
+    # HiCache's corruption (23/24 vs 23/32), but with its 8 timeouts counted clean it is 23/32 vs 23/32.
+    def outcomes(cell: dict[str, str]) -> dict[str, int]:
+        if cell["hicache"] == "off":
+            return {"clean": 22, "corrupt": 0, "timeout": 10 if cell["index_k"] == "bf16" else 0, "error": 0}
+        if cell["index_k"] == "bf16":
+            return {"clean": 1, "corrupt": 23, "timeout": 8, "error": 0}
+        return {"clean": 9, "corrupt": 23, "timeout": 0, "error": 0}
+
+    analysis = analyse_counts(make_spec(["hicache", "index_k"], labels={"hicache": "HiCache"}), outcomes)
+    hicache, index_k = analysis.factors
+    assert hicache.verdict == "causes"
+    assert index_k.verdict == "inconclusive" and index_k.widens is None
+    assert index_k.reasons[0] == "not significant (with HiCache on) if the 8 timeouts with index_k bf16 had been clean"
+    assert "widens" not in analysis.verdict
+    # Without the timeouts the same rise is an amplifier.
+    clean = analyse_counts(make_spec(["hicache", "index_k"]), lambda c: {**outcomes(c), "timeout": 0})
+    assert verdicts(clean)["index_k"] == "widens"
 
 
 def test_too_few_sessions_is_inconclusive_never_no_effect() -> None:

@@ -206,7 +206,8 @@ def _strata(
 ) -> tuple[list[Table], Arm, Arm]:
     """One 2x2 table (events and non-events, treated then reference) per combination of the other
     factors, only for strata that hold both arms; also the pooled arms over those strata.
-    `worst_case` counts the reference arm's timeouts as events (against a "causes" claim)."""
+    `worst_case` is the censoring least kind to a claim that the treated level raises the event rate:
+    the treated arm's timeouts count as non-events, the reference arm's as events."""
     arms: dict[tuple, dict[str, OutcomeCounts]] = {}
     for key, counts in totals.items():
         levels = dict(key)
@@ -225,6 +226,7 @@ def _strata(
         kt, nt = event(sides["t"])
         kr, nr = event(sides["r"])
         if worst_case:
+            nt += sides["t"].timeout
             kr, nr = kr + sides["r"].timeout, nr + sides["r"].timeout
         if nt == 0 or nr == 0:
             continue
@@ -468,22 +470,10 @@ def _judge_corruption(spec: MatrixSpec, totals: dict, effects: list[Effect]) -> 
         if others:
             effect.reasons.append("acts only together with " + ", ".join(others))
     for effect in causes:
-        tables, treated, reference = _strata(
-            totals, effect.factor, effect.level, effect.baseline, EVENTS["corruption"], worst_case=True
-        )
-        worst = _stratified_p(tables)
-        holds = (
-            worst is not None
-            and worst * len(effects) < alpha
-            and treated.k * reference.n > reference.k * treated.n
-        )
-        baseline_timeouts = _arm_totals(totals, effect.factor, effect.baseline).timeout
-        if baseline_timeouts and not holds:
+        caveat = _censoring_caveat(spec, totals, effect, None, tests=len(effects))
+        if caveat:
             effect.verdict = "inconclusive"
-            effect.reasons.append(
-                f"significant only if the {baseline_timeouts} timeouts with {spec.label(effect.factor)} "
-                f"{effect.baseline} were clean"
-            )
+            effect.reasons.append(caveat)
         else:
             effect.verdict = "causes"
     confirmed = [e for e in causes if e.verdict == "causes"]
@@ -499,8 +489,40 @@ def _judge_corruption(spec: MatrixSpec, totals: dict, effects: list[Effect]) -> 
             effect.reasons.append("no stratum holds both levels and the regression could not be fitted")
         else:
             effect.power = _power(spec, effect)
-            effect.reasons = _adequacy(spec, totals, effect)
+            effect.reasons += _adequacy(spec, totals, effect)  # after any censoring caveat of the widening test
             effect.verdict = "inconclusive" if effect.reasons else "no detectable effect"
+
+
+def _censoring_caveat(
+    spec: MatrixSpec, totals: dict, effect: Effect, where: dict[str, str] | None, *, tests: int
+) -> str | None:
+    """Why a significant rise in corruption may be the timeouts' doing, or None when it survives them.
+
+    A timed-out session's corruption is unknown. The rise stands only if it is still significant
+    (Bonferroni over `tests`) with the treated arm's timeouts counted clean and the reference's corrupt.
+    """
+    comparison = (effect.factor, effect.level, effect.baseline)
+    _, treated, reference = _strata(totals, *comparison, EVENTS["corruption"], where)
+    tables, worst_treated, worst_reference = _strata(totals, *comparison, EVENTS["corruption"], where, worst_case=True)
+    treated_timeouts, reference_timeouts = worst_treated.n - treated.n, worst_reference.n - reference.n
+    if not (treated_timeouts or reference_timeouts):
+        return None
+    worst = _stratified_p(tables)
+    if (
+        worst is not None
+        and worst * tests < spec.design.alpha
+        and worst_treated.k * worst_reference.n > worst_reference.k * worst_treated.n
+    ):
+        return None
+    name = spec.label(effect.factor)
+    parts = []
+    if treated_timeouts:
+        parts.append(f"the {treated_timeouts} timeouts with {name} {effect.level} had been clean")
+    if reference_timeouts:
+        noun = "" if parts else " timeouts"
+        parts.append(f"the {reference_timeouts}{noun} with {name} {effect.baseline} {'' if parts else 'had been '}corrupt")
+    within = f" (with {', '.join(f'{spec.label(f)} {lv}' for f, lv in where.items())})" if where else ""
+    return f"not significant{within} if " + " and ".join(parts)
 
 
 def _judge_widening(spec: MatrixSpec, totals: dict, candidates: list[Effect], causes: list[Effect]) -> None:
@@ -517,6 +539,10 @@ def _judge_widening(spec: MatrixSpec, totals: dict, candidates: list[Effect], ca
     adjusted = _adjust([within.p for _, _, within in tests], spec.design.correction)
     for (effect, cause, within), p in zip(tests, adjusted):
         if effect.verdict == "widens" or p is None or p >= spec.design.alpha or _direction(within) <= 0:
+            continue
+        caveat = _censoring_caveat(spec, totals, effect, {cause.factor: cause.level}, tests=len(tests))
+        if caveat:
+            effect.reasons.append(caveat)
             continue
         effect.verdict = "widens"
         effect.widens = cause.factor
