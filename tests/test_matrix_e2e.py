@@ -25,6 +25,7 @@ from proc_helpers import group_gone
 
 ROOT = Path(__file__).resolve().parent.parent
 SIM_SPEC = ROOT / "matrices" / "sim_hicache_bf16.yaml"
+PD_SPEC = ROOT / "matrices" / "sim_pd_hicache.yaml"
 REPRO = [sys.executable, "-c", "from repro.cli import main; main()"]
 
 pytestmark = pytest.mark.slow
@@ -141,6 +142,21 @@ def test_sim_matrix_names_hicache_a_cause_and_no_factor_without_effect_over_seve
             assert info["index_k_dtype"] == record["cell"]["index_k"]
         assert all(group_gone(g) for g in launched_groups(matrix))
         assert (matrix / "report.html").exists() and (matrix / "junit.xml").exists()
+
+
+def test_sim_pd_matrix_tells_the_corruption_cause_from_the_wedge_cause(tmp_path: Path) -> None:
+    # The seeds' two faults at once: HiCache corrupts, PD disaggregation wedges. Neither may be blamed
+    # for the other's outcome, though wedged sessions end before they could show corruption.
+    proc = start(["matrix", str(PD_SPEC), "--out", str(tmp_path / "m"), "--no-cell-reports"], tmp_path / "m.log")
+    assert proc.wait(timeout=400) == 0, (tmp_path / "m.log").read_text()[-3000:]
+    matrix = json.loads((tmp_path / "m" / "matrix.json").read_text())
+    corruption = {f["factor"]: f["verdict"] for f in matrix["factors"]}
+    wedges = {f["factor"]: f for f in matrix["wedges"]}
+    assert corruption["hicache"] == "causes", matrix["verdict"]
+    assert corruption["pd"] not in ("causes", "widens"), matrix["verdict"]
+    assert wedges["pd"]["verdict"] == "causes" and wedges["pd"]["reference"]["k"] == 0, matrix["verdict"]
+    assert wedges["hicache"]["verdict"] != "causes", matrix["verdict"]
+    assert "PD disaggregation on (vs off) raises wedged streams" in matrix["verdict"]
 
 
 def test_sigint_mid_cell_stops_every_process_and_keeps_what_finished(tmp_path: Path) -> None:

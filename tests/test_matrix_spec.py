@@ -56,7 +56,7 @@ def error_of(tmp_path: Path, text: str) -> str:
 
 def test_shipped_matrices_validate() -> None:
     names = sorted(p.name for p in (ROOT / "matrices").glob("*.yaml"))
-    assert {"hicache_bf16.yaml", "full_factorial.yaml", "sim_hicache_bf16.yaml"} <= set(names)
+    assert {"hicache_bf16.yaml", "full_factorial.yaml", "sim_hicache_bf16.yaml", "sim_pd_hicache.yaml"} <= set(names)
     for name in names:
         spec = load_spec(ROOT / "matrices" / name)
         assert plan(spec), name
