@@ -284,8 +284,10 @@ class _Turn:
             self.reader.feed(data)
 
     def conclude(self, result: TurnResult) -> None:
-        """The response has ended: fill `result` from it, or raise _Failure when it is not a whole answer."""
-        result.http_status = self.status
+        """The response has ended: fill `result` from it, or raise _Failure when it is not a whole answer.
+
+        A streamed answer's request id and chunk count come from the reader, as they do for a turn cut short.
+        """
         assert self.status is not None
         if self.status >= 400:
             raise _Failure(_http_error(self.status, bytes(self.raw)))
@@ -295,8 +297,6 @@ class _Turn:
             result.message = reader.accumulator.message()
             result.finish_reason = reader.accumulator.finish_reason
             result.usage = reader.accumulator.usage
-            result.request_id = reader.request_id
-            result.chunks = reader.events
         else:
             message, finish, usage, request_id = _parse_completion(bytes(self.raw))
             # Without streaming the first answer byte is the closest thing to a first token.

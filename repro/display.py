@@ -30,14 +30,12 @@ def say(console: Console, text: str) -> None:
 
 
 def progress_line(progress: LoadProgress) -> str:
-    elapsed = progress.elapsed_s
     outcomes = progress.outcomes
-    rate = progress.turns / elapsed if elapsed > 0 else 0.0
     return (
-        f"[{elapsed:6.1f}s] finished {progress.finished}/{progress.planned}: "
+        f"[{progress.elapsed_s:6.1f}s] finished {progress.finished}/{progress.planned}: "
         f"clean {outcomes['clean']}, corrupt {outcomes['corrupt']}, timeout {outcomes['timeout']}, "
         f"error {outcomes['error']}, wedged {progress.wedged}; in flight {progress.in_flight}; "
-        f"{progress.turns} turns ({rate:.1f}/s)"
+        f"{progress.turns} turns ({progress.turns_per_s:.1f}/s)"
     )
 
 
@@ -46,7 +44,6 @@ def _live_view(progress: LoadProgress) -> Table:
     for column in ("finished", "clean", "corrupt", "timeout", "error", "wedged", "in flight", "turns/s", "elapsed"):
         table.add_column(column, justify="right")
     outcomes = progress.outcomes
-    elapsed = progress.elapsed_s
     table.add_row(
         f"{progress.finished}/{progress.planned}",
         f"[green]{outcomes['clean']}[/]",
@@ -55,8 +52,8 @@ def _live_view(progress: LoadProgress) -> Table:
         f"[magenta]{outcomes['error']}[/]",
         str(progress.wedged),
         str(progress.in_flight),
-        f"{progress.turns / elapsed if elapsed > 0 else 0:.1f}",
-        f"{elapsed:.1f}s",
+        f"{progress.turns_per_s:.1f}",
+        f"{progress.elapsed_s:.1f}s",
     )
     return table
 

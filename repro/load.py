@@ -47,6 +47,11 @@ class LoadProgress:
     def elapsed_s(self) -> float:
         return time.perf_counter() - self.t0
 
+    @property
+    def turns_per_s(self) -> float:
+        elapsed = self.elapsed_s
+        return self.turns / elapsed if elapsed > 0 else 0.0
+
 
 @dataclass
 class LoadResult:

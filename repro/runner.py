@@ -44,7 +44,7 @@ from repro.metrics import MetricsScraper, metrics_url, server_root
 from repro.records import Manifest, SessionRecord, Summary
 from repro.session import Session, SessionConfig
 from repro.sim.launch import start_sim
-from repro.store import METRICS, REPORT, RunWriter, slug
+from repro.store import METRICS, REPORT, RunWriter, check_new_run_dir, slug
 from repro.transport import Endpoint, tls_context
 from repro.workload import load_workload
 
@@ -227,11 +227,6 @@ def ensure_open_files(connections: int) -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
 
 
-def _check_out(path: Path) -> None:
-    if path.exists() and (not path.is_dir() or any(path.iterdir())):
-        raise UsageError(f"--out {path}: exists and is not an empty directory; choose a new path")
-
-
 async def _drive(
     options: RunOptions,
     config: SessionConfig,
@@ -292,7 +287,7 @@ def execute_run(
     headers = _headers(options)
     name = options.name or loaded.workload.name
     run_dir = _run_dir(options, name)
-    _check_out(run_dir)
+    check_new_run_dir(run_dir)  # before a simulator starts or a target is asked anything
     ensure_open_files(options.concurrency or options.sessions)
     with contextlib.ExitStack() as stack:
         if options.base_url is None:

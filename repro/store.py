@@ -12,8 +12,9 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from repro.errors import UsageError
 from repro.records import Manifest, SessionRecord, Summary
@@ -25,6 +26,8 @@ RAW = "raw"
 METRICS = "metrics.csv"
 REPORT = "report.html"
 
+ModelT = TypeVar("ModelT", bound=BaseModel)
+
 
 def _atomic_write(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
@@ -35,13 +38,18 @@ def _atomic_write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def check_new_run_dir(path: Path) -> None:
+    """A run never writes into a used directory: UsageError unless `path` is absent or an empty directory."""
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise UsageError(f"--out {path}: exists and is not an empty directory; choose a new path")
+
+
 class RunWriter:
     """Writes one run directory. Not thread-safe: use it from one event loop."""
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
-        if self.path.exists() and (not self.path.is_dir() or any(self.path.iterdir())):
-            raise UsageError(f"--out {self.path}: exists and is not an empty directory; choose a new path")
+        check_new_run_dir(self.path)
         (self.path / RAW).mkdir(parents=True, exist_ok=True)
         self._sessions = open(self.path / SESSIONS, "a", encoding="utf-8")
 
@@ -114,18 +122,17 @@ def load_run(path: Path | str) -> Run:
     manifest_file = root / MANIFEST
     if not manifest_file.exists():
         raise UsageError(f"{root}: not a run directory (no {MANIFEST})")
-    try:
-        manifest = Manifest.model_validate_json(manifest_file.read_text(encoding="utf-8"))
-    except ValidationError as err:
-        raise UsageError(f"{manifest_file}: {err.errors()[0]['loc']}: {err.errors()[0]['msg']}") from None
-    summary = None
+    manifest = _read_model(manifest_file, Manifest)
     summary_file = root / SUMMARY
-    if summary_file.exists():
-        try:
-            summary = Summary.model_validate_json(summary_file.read_text(encoding="utf-8"))
-        except ValidationError as err:
-            raise UsageError(f"{summary_file}: {err.errors()[0]['loc']}: {err.errors()[0]['msg']}") from None
+    summary = _read_model(summary_file, Summary) if summary_file.exists() else None
     return Run(path=root, manifest=manifest, sessions=read_sessions(root), summary=summary)
+
+
+def _read_model(file: Path, model: type[ModelT]) -> ModelT:
+    try:
+        return model.model_validate_json(file.read_text(encoding="utf-8"))
+    except ValidationError as err:
+        raise UsageError(f"{file}: {err.errors()[0]['loc']}: {err.errors()[0]['msg']}") from None
 
 
 def slug(text: str) -> str:

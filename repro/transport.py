@@ -265,22 +265,21 @@ class HTTPClient:
         connection turned out to be closed by the server before it answered anything."""
         done = connection.begin(sink, request)
         sink.waiting()
+        reusable = False
         try:
             await done
+            reusable = connection.reusable
         except TransportError:
             if retry and not connection.heard:
-                self.open.discard(connection)
                 return False
             raise
         finally:
-            if not (done.done() and not done.cancelled() and done.exception() is None and connection.reusable):
+            connection.end()
+            if reusable and connection.idle_ok:
+                self.idle.setdefault(endpoint.origin, []).append(connection)
+            else:
                 connection.close()
                 self.open.discard(connection)
-            connection.end()
-        if connection.idle_ok:
-            self.idle.setdefault(endpoint.origin, []).append(connection)
-        else:
-            self.open.discard(connection)
         return True
 
     async def _connect(self, endpoint: Endpoint, timeout: float) -> _Connection:
