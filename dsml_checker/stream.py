@@ -25,8 +25,6 @@ class StreamAccumulator:
         self._content: list[str] = []
         self._reasoning: list[str] = []
         self._calls: dict[int, _CallParts] = {}
-        self._saw_content = False
-        self._saw_reasoning = False
         self.finish_reason: str | None = None
         self.usage: dict[str, Any] | None = None
         self.chunks = 0
@@ -59,13 +57,11 @@ class StreamAccumulator:
     def _add_delta(self, delta: dict[str, Any]) -> None:
         content = delta.get("content")
         if isinstance(content, str):
-            self._saw_content = True
             self._content.append(content)
         reasoning = delta.get("reasoning_content")
         if not isinstance(reasoning, str):
             reasoning = delta.get("reasoning")  # vLLM's name for the same field
         if isinstance(reasoning, str):
-            self._saw_reasoning = True
             self._reasoning.append(reasoning)
         calls = delta.get("tool_calls")
         if calls is None:
@@ -113,7 +109,8 @@ class StreamAccumulator:
         ]
         return {
             "role": "assistant",
-            "content": "".join(self._content) if self._saw_content else None,
-            "reasoning_content": "".join(self._reasoning) if self._saw_reasoning else None,
+            # A field that never arrived is None; one that arrived empty ("") stays "".
+            "content": "".join(self._content) if self._content else None,
+            "reasoning_content": "".join(self._reasoning) if self._reasoning else None,
             "tool_calls": calls or None,
         }
