@@ -197,7 +197,8 @@ def _combinator_checks(schema: dict[str, Any]) -> list[Check]:
 
 
 def compile_schema(schema: Any) -> Check:
-    """A function (instance, json_pointer) -> first violation as "/pointer: reason", or None when valid."""
+    """A function of one instance -> its first violation as "/pointer: reason" relative to it (": reason" at
+    the instance itself), or None when it is valid."""
     if schema is False:
         return lambda value: ": no value is allowed"
     if not isinstance(schema, dict):

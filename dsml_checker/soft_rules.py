@@ -84,11 +84,16 @@ def _loops(raw: bytes) -> list[tuple[int, int]]:
     return [(lo + start, lo + end) for lo, hi in _candidate_windows(raw) for start, end in _loop_regions(raw[lo:hi])]
 
 
+def repeat_unit(seq: str | bytes) -> int:
+    """Length of the shortest unit of 1–8 items that `seq` is a repetition of, or 0 when there is none."""
+    return next((u for u in range(1, _MAX_UNIT + 1) if seq[u:] == seq[:-u]), 0)
+
+
 def _loop_regions(raw: bytes) -> Iterator[tuple[int, int]]:
     """Byte spans where a unit of 1–8 bytes repeats over 48+ bytes, fillers excepted."""
     for shift, at, end in _periodic_runs(raw, _SHIFTS, _ZEROS):
         region = raw[at - shift : end]
-        unit = next((u for u in range(1, _MAX_UNIT + 1) if region[u:] == region[:-u]), 0)
+        unit = repeat_unit(region)
         if unit and not set(region[:unit].decode("utf-8", "replace")) <= _FILLER:
             yield at - shift, end
 

@@ -13,13 +13,14 @@ import re
 from typing import Iterator
 
 from dsml_checker.findings import Finding, make_finding
+from dsml_checker.formats import SENTINEL
+from dsml_checker.soft_rules import repeat_unit
 
 _BAR = r"(?:｜｜|\|\||[｜|‖])"
 # Case spelt out rather than re.I: matching without IGNORECASE is markedly faster on long text.
 _DSML = "[dD][sS][mM][lL]"
 _SENT = rf"{_BAR}[ \t]*{_DSML}[ \t]*{_BAR}"
 _DSML_WORDS = (b"dsml", "dſml".encode())  # what _DSML matches under re.I, ASCII-lowered
-CANONICAL = "｜DSML｜"
 
 SENTINEL_ANY_RE = re.compile(_SENT)
 _VARIANT_RE = re.compile(
@@ -67,7 +68,7 @@ _PLACEHOLDER_RE = re.compile(r"\$(?:TOOL_NAME|PARAMETER_NAME|PARAMETER_VALUE)")
 # does not open a well-spelt DSML tag.
 _LT_RE = re.compile(
     r"<(?:(parameter\s+name\s*=[^<>]*?\bstring\s*=)|(/?function_calls>|invoke\s+name\s*=|/invoke>|function>\s*<name>)"
-    rf"|(/?think>)|(?!/?{CANONICAL})([ \t]*/?[ \t]*[｜|‖]))"
+    rf"|(/?think>)|(?!/?{SENTINEL})([ \t]*/?[ \t]*[｜|‖]))"
 )
 # At a "<" and a bar, the three special-token patterns at once: one match call instead of three, each group
 # holding what that pattern alone would match there.
@@ -90,11 +91,11 @@ MARKUP_RULES = frozenset(
 
 
 def _code_spans(text: str) -> list[tuple[int, int]]:
-    """Markdown inline code spans: a run of backticks closed by the next run of the same length."""
+    """Markdown inline code spans: a run of backticks closed by the next run of the same length.
+
+    `_quoted_regions` pairs single backticks itself and calls this only when a longer run is present.
+    """
     runs = [(m.start(), m.end() - m.start()) for m in _BACKTICKS_RE.finditer(text)]
-    if all(length == 1 for _, length in runs):
-        # The usual case, single backticks only: each run closes the one before it.
-        return [(a, b + 1) for (a, _), (b, _) in zip(runs[0::2], runs[1::2])]
     by_length: dict[int, list[int]] = {}
     for i, (_, length) in enumerate(runs):
         by_length.setdefault(length, []).append(i)
@@ -220,16 +221,16 @@ def _variants(text: str, lowered: bytes) -> Iterator[re.Match[str]]:
 
 
 def _scan_dsml(text: str, lowered: bytes, dsml_count: int, out: _Collector) -> None:
-    at = text.find(CANONICAL)
+    at = text.find(SENTINEL)
     while at >= 0:
-        if out.add("sentinel", at, at + len(CANONICAL)):
+        if out.add("sentinel", at, at + len(SENTINEL)):
             break
-        at = text.find(CANONICAL, at + 1)
+        at = text.find(SENTINEL, at + 1)
     # A variant needs a "dsml" outside every canonical sentinel, or doubled bars around one; checking that
     # first spares ordinary leaks the slow scan.
-    if dsml_count > text.count(CANONICAL) or "｜｜" in text:
+    if dsml_count > text.count(SENTINEL) or "｜｜" in text:
         for m in _variants(text, lowered):
-            if not m.group(0).startswith(CANONICAL) and out.add("sentinel-variant", m.start(), m.end()):
+            if not m.group(0).startswith(SENTINEL) and out.add("sentinel-variant", m.start(), m.end()):
                 break
     _scan_tags(text, out)
 
@@ -293,11 +294,6 @@ def _add_attr_damage(
             return
 
 
-def _short_period(text: str) -> bool:
-    """True when `text` is a unit of at most 8 characters repeated: a loop (soft), not duplicated output."""
-    return any(text[u:] == text[:-u] for u in range(1, 9))
-
-
 def _duplicated(text: str, *, anywhere: bool) -> tuple[int, int] | None:
     """Span of a back-to-back repeat of 40+ characters: a re-sent buffer, or a repeated block of lines.
 
@@ -307,7 +303,8 @@ def _duplicated(text: str, *, anywhere: bool) -> tuple[int, int] | None:
     """
     head = text[:_DUP_MIN]
     again = text.find(head, _DUP_MIN)
-    if again >= 0 and not _short_period(head):
+    # A text made of one short unit repeated is a repetition loop (soft rule 10), not duplicated output.
+    if again >= 0 and not repeat_unit(head):
         first = text[:again]
         if text.startswith(first, again) or first.startswith(text[again:]):
             return 0, min(len(text), 2 * again)
@@ -331,7 +328,7 @@ def _duplicated(text: str, *, anywhere: bool) -> tuple[int, int] | None:
             nxt = text.find(line, at + len(line))
             if nxt < 0:
                 break
-            if nxt - at >= _DUP_MIN and text.startswith(text[at:nxt], nxt) and not _short_period(line):
+            if nxt - at >= _DUP_MIN and text.startswith(text[at:nxt], nxt) and not repeat_unit(line):
                 return at, 2 * nxt - at
             at = nxt
     return None
