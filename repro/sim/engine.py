@@ -182,13 +182,8 @@ class PrefixCache:
             if free_pages() >= pages_needed:
                 return
 
-    def load_back(self, keys: list[str]) -> None:
-        for key in keys:
-            self.host.pop(key, None)
-            self.device[key] = None
-
     def touch(self, keys: list[str]) -> None:
-        """Insert or refresh pages as most recently used on the device."""
+        """Insert or refresh pages as most recently used on the device (a load-back from the host as well)."""
         for key in keys:
             self.host.pop(key, None)
             self.device[key] = None
@@ -356,7 +351,7 @@ class Engine:
                 self.cache.unpin(on_device)
                 break
             self.waiting.popleft()
-            self.cache.load_back(on_host)
+            self.cache.touch(on_host)  # loaded back from the host tier
             self.cache.pin(on_host)
             request.held_pages = on_device + on_host
             request.reserved_pages = reserve

@@ -19,15 +19,16 @@ class _EngineCollector:
         self.engine = engine
         self.labels = {"model_name": model_name}
 
-    def _gauge(self, name: str, doc: str, value: float) -> GaugeMetricFamily:
-        family = GaugeMetricFamily(f"sglang:{name}", doc, labels=list(self.labels))
+    def _family(self, kind: type[GaugeMetricFamily | CounterMetricFamily], name: str, doc: str, value: float) -> Metric:
+        family = kind(f"sglang:{name}", doc, labels=list(self.labels))
         family.add_metric(list(self.labels.values()), value)
         return family
 
-    def _counter(self, name: str, doc: str, value: float) -> CounterMetricFamily:
-        family = CounterMetricFamily(f"sglang:{name}", doc, labels=list(self.labels))
-        family.add_metric(list(self.labels.values()), value)
-        return family
+    def _gauge(self, name: str, doc: str, value: float) -> Metric:
+        return self._family(GaugeMetricFamily, name, doc, value)
+
+    def _counter(self, name: str, doc: str, value: float) -> Metric:
+        return self._family(CounterMetricFamily, name, doc, value)
 
     def collect(self) -> Iterator[Metric]:
         engine, counters = self.engine, self.engine.counters

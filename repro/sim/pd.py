@@ -62,7 +62,6 @@ class DecodeTransfers:
         self.prealloc: deque[EngineRequest] = deque()
         self.queue: list[EngineRequest] = []
         """The transfer queue: slot claimed, waiting for the prefill's KV and its notice."""
-        self.failed = 0
 
     @property
     def pending(self) -> bool:
@@ -106,7 +105,6 @@ class DecodeTransfers:
             elif now - transfer.claimed_s >= self.waiting_timeout_s:
                 transfer.state = "Failed"
                 self.queue.remove(request)
-                self.failed += 1
                 failed.append(request)
         return claimed, done, failed
 

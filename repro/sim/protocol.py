@@ -133,34 +133,20 @@ class Reply:
             "tool_calls": calls or None,
         }
 
+    def _envelope(self, kind: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        """The fields every response body and chunk starts with, then its choices."""
+        return {"id": self.request_id, "object": kind, "created": self.created, "model": self.model, "choices": choices}
+
     def body(self) -> dict[str, Any]:
-        return {
-            "id": self.request_id,
-            "object": "chat.completion",
-            "created": self.created,
-            "model": self.model,
-            "choices": [{"index": 0, "message": self.message(), "logprobs": None, "finish_reason": self.finish_reason}],
-            "usage": self.usage(),
-        }
+        choice = {"index": 0, "message": self.message(), "logprobs": None, "finish_reason": self.finish_reason}
+        return {**self._envelope("chat.completion", [choice]), "usage": self.usage()}
 
     def chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
-        return {
-            "id": self.request_id,
-            "object": "chat.completion.chunk",
-            "created": self.created,
-            "model": self.model,
-            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
-        }
+        return self._envelope("chat.completion.chunk",
+                              [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}])
 
     def usage_chunk(self) -> dict[str, Any]:
-        return {
-            "id": self.request_id,
-            "object": "chat.completion.chunk",
-            "created": self.created,
-            "model": self.model,
-            "choices": [],
-            "usage": self.usage(),
-        }
+        return {**self._envelope("chat.completion.chunk", []), "usage": self.usage()}
 
 
 class StreamCursor:
