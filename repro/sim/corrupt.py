@@ -122,4 +122,4 @@ def damage(raw: str, rng: random.Random, *, tool: str, is_corrupt: Callable[[str
         if damaged is not None and is_corrupt(damaged):
             return name, damaged
     # repeated_text applies to every answer and duplicates it: a check that misses it is the checker's bug.
-    return "repeated_text", _join(reasoning, body + body)
+    return "repeated_text", repeated_text(reasoning, body, tool)

@@ -118,7 +118,7 @@ def answer(
     """The model's deterministic answer to a conversation."""
     turn = assistant_turns(messages)
     rng = rng_for(seed, conversation_key(messages), turn)
-    functions = [_tool_function(t) for t in tools if _tool_function(t).get("name")]
+    functions = [f for f in map(_tool_function, tools) if f.get("name")]
     if isinstance(tool_choice, dict):
         wanted = tool_choice.get("function", {}).get("name")
         functions = [f for f in functions if f["name"] == wanted]

@@ -58,10 +58,7 @@ class Simulator:
             raw = raw[: limit * CHARS_PER_TOKEN]
         output = parse_output(raw, tool_names={t.function.name for t in request.tools},
                               tools_enabled=tools_enabled(request.tools, request.choice_value()))
-        if truncated:
-            reason = "length"
-        else:
-            reason = "tool_calls" if output.calls else "stop"
+        reason = "length" if truncated else "tool_calls" if output.calls else "stop"
         return output, reason, count_tokens(raw)
 
     def generate(self, request: ChatRequest, request_id: str, prompt: str) -> tuple[EngineRequest, asyncio.Future[Reply]]:
@@ -99,10 +96,11 @@ class Simulator:
                 messages: list[dict[str, Any]], seed: int) -> str:
         conversation, turn = conversation_key(messages), assistant_turns(messages)
         tool = request.tools[0].function.name if request.tools else "search"
+        tool_fields = request.model_dump(include={"tools", "tool_choice"})
 
         def visible(candidate: str) -> bool:
             output, reason, _ = self.finish(candidate, request)
-            return self.is_corrupt(output, reason, request.model_dump(include={"tools", "tool_choice"}))
+            return self.is_corrupt(output, reason, tool_fields)
 
         operator, damaged = damage(raw, rng_for(seed, conversation, turn, "damage"), tool=tool, is_corrupt=visible)
         self.faults.add(FaultRecord(
@@ -122,6 +120,7 @@ def _checker_says_corrupt(output: ParsedOutput, finish_reason: str, request: dic
 def create_app(config: SimConfig) -> Starlette:
     """The ASGI app of one simulator; the engine runs while the app's lifespan lasts."""
     sim = Simulator(config, _checker_says_corrupt)
+    max_prompt_tokens = context_length(config)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -161,7 +160,7 @@ def create_app(config: SimConfig) -> Starlette:
     async def models(request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [
             {"id": config.served_model_name, "object": "model", "created": 0, "owned_by": "sglang",
-             "root": config.model_path, "max_model_len": context_length(config)}]})
+             "root": config.model_path, "max_model_len": max_prompt_tokens}]})
 
     async def info(request: Request) -> Response:
         return JSONResponse(server_info(config))
@@ -202,8 +201,9 @@ def create_app(config: SimConfig) -> Starlette:
         if chat_request.model not in (None, "default", config.served_model_name):
             return _error(f"The model {chat_request.model!r} does not exist.", 404, param="model")
         prompt = render_prompt(chat_request)
-        if count_tokens(prompt) > context_length(config):
-            return _error(f"The prompt has {count_tokens(prompt)} tokens; the context length is {context_length(config)}.",
+        prompt_tokens = count_tokens(prompt)
+        if prompt_tokens > max_prompt_tokens:
+            return _error(f"The prompt has {prompt_tokens} tokens; the context length is {max_prompt_tokens}.",
                           400, param="messages")
         request_id = "chatcmpl-" + secrets.token_hex(12)
         engine_request, pending = sim.generate(chat_request, request_id, prompt)
