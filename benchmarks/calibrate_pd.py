@@ -18,10 +18,11 @@ from pathlib import Path
 import httpx
 from rich.console import Console
 
-from repro.records import SessionRecord
+from repro.metrics import parse_samples
 from repro.runner import RunOptions, execute_run
 from repro.sim.launch import start_sim
 from repro.sim.model import conversation_key
+from repro.store import read_sessions
 
 PD = ["--disaggregation-mode", "decode"]
 CONFIGS: dict[str, tuple[int, list[str]]] = {
@@ -44,12 +45,11 @@ def run_once(sessions: int, sim_args: list[str], seed: int, time_scale: float, s
         wall = time.monotonic() - started
         wedges = httpx.get(f"{sim.url}/debug/wedges", timeout=10).json()["wedges"]
         metrics = httpx.get(f"{sim.url}/metrics", timeout=10).text
-    with open(out / "sessions.jsonl", encoding="utf-8") as fh:
-        records = [SessionRecord.model_validate_json(line) for line in fh]
+    records = read_sessions(out)
     stalled = {(conversation_key([{"role": "user", "content": r.task}]), t.index)
                for r in records for t in r.turns if t.status == "stalled"}
-    failed = next((float(line.split()[-1]) for line in metrics.splitlines()
-                   if line.startswith("sglang:num_transfer_failed_reqs_total")), 0.0)
+    failed = next((value for name, _, value in parse_samples(metrics) if name == "sglang:num_transfer_failed_reqs_total"),
+                  0.0)
     return {"wedged": sum(r.wedged for r in records), "corrupt": sum(r.outcome == "corrupt" for r in records),
             "wedges": len(wedges), "match": stalled == {(w["conversation"], w["turn"]) for w in wedges},
             "failed": failed, "wall_s": wall}

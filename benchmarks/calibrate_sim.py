@@ -20,6 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from repro.store import read_sessions
+
 FAULTY = ["--enable-hierarchical-cache", "--index-k-dtype", "bf16"]
 CONFIGS: dict[str, tuple[int, list[str]]] = {
     "hicache+bf16": (60, FAULTY),
@@ -53,12 +55,9 @@ def run_once(name: str, sessions: int, sim_args: list[str], seed: int, workdir: 
 
 def _server_totals(run_dir: Path) -> dict[str, float]:
     """Cache hit rate from the turns' usage; load-back from the last scrape `repro run` kept in metrics.csv."""
-    prompt = cached = 0
-    with open(run_dir / "sessions.jsonl", encoding="utf-8") as fh:
-        for line in fh:
-            for turn in json.loads(line)["turns"]:
-                prompt += turn.get("prompt_tokens") or 0
-                cached += turn.get("cached_tokens") or 0
+    turns = [turn for record in read_sessions(run_dir) for turn in record.turns]
+    prompt = sum(turn.prompt_tokens or 0 for turn in turns)
+    cached = sum(turn.cached_tokens or 0 for turn in turns)
     load_back = 0.0
     with open(run_dir / "metrics.csv", encoding="utf-8") as fh:
         for row in csv.DictReader(fh):
