@@ -347,7 +347,8 @@ def _effect(
     if p is None and firth_term is not None:
         # No stratum holds both arms (a fractional design): the regression is the only comparison.
         p, test = firth_term.p, "Firth likelihood ratio"
-        treated, reference = _pooled(totals, factor, level, base, EVENTS[outcome])
+        treated = Arm(*EVENTS[outcome](_arm_totals(totals, factor, level)))
+        reference = Arm(*EVENTS[outcome](_arm_totals(totals, factor, base)))
     effect = Effect(
         term=term,
         factor=factor,
@@ -367,24 +368,6 @@ def _effect(
         effect.log_odds, effect.log_odds_low = firth_term.coef, firth_term.low
         effect.log_odds_high, effect.firth_p = firth_term.high, firth_term.p
     return effect
-
-
-def _pooled(
-    totals: dict[tuple[tuple[str, str], ...], OutcomeCounts],
-    factor: str,
-    level: str,
-    base: str,
-    event: Callable[[OutcomeCounts], tuple[int, int]],
-) -> tuple[Arm, Arm]:
-    treated, reference = Arm(0, 0), Arm(0, 0)
-    for key, counts in totals.items():
-        k, n = event(counts)
-        side = dict(key)[factor]
-        if side == level:
-            treated = Arm(treated.k + k, treated.n + n)
-        elif side == base:
-            reference = Arm(reference.k + k, reference.n + n)
-    return treated, reference
 
 
 def _significant(effect: Effect, alpha: float) -> bool:
@@ -597,12 +580,7 @@ def _interactions(spec: MatrixSpec, fitted: dict[str, FirthTerm] | None, baselin
                 firth_p=value.p,
             )
         )
-    for effect, adjusted in zip(effects, _adjust([e.p for e in effects], spec.design.correction)):
-        effect.p_adjusted = adjusted
-        if _significant(effect, spec.design.alpha):
-            effect.verdict = "causes" if (effect.log_odds or 0) > 0 else "reduces"
-        else:
-            effect.verdict = "no detectable effect"
+    _judge_secondary(spec, effects)  # a Firth p is never None; the sign is the log-odds'
     return effects
 
 
