@@ -15,7 +15,7 @@ from repro.errors import EXIT_FAILED, EXIT_INCONCLUSIVE, EXIT_OK, UsageError
 from repro.report.junit import gate_cases, junit_xml
 from repro.report.model import DEFAULT_MAX_TIMEOUT_RATE, DEFAULT_MIN_COMPLETED, fmt_conf, fmt_pct
 from repro.records import OutcomeCounts
-from repro.stats import assess_inconclusive, clopper_pearson, compare, upper_bound
+from repro.stats import assess_inconclusive, clopper_pearson, upper_bound
 from repro.store import Run, load_run
 
 CheckStatus = Literal["pass", "fail", "inconclusive"]
@@ -118,6 +118,9 @@ def _baseline(counts: OutcomeCounts, base: Run, *, confidence: float) -> GateChe
         return GateCheck("baseline", "inconclusive",
                          f"baseline: INCONCLUSIVE: {k}/{n} vs {kb}/{nb} in baseline {base.name!r}: "
                          "no completed sessions on one side", numbers)
+    # Imported here: statsmodels (and pandas under it) load only for a gate with a baseline.
+    from repro.stats import compare
+
     result = compare(k, n, kb, nb, alternative="greater", confidence=confidence)
     numbers.update(p_boschloo=result.p_boschloo, p_fisher=result.p_fisher, difference=result.difference,
                    diff_low=result.diff_low, diff_high=result.diff_high)

@@ -9,16 +9,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal, Sequence
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any, Literal, Sequence
 
 from repro.records import OutcomeCounts, SessionRecord, TurnRecord
 from repro.report.raw import RawExcerpt, read_raw, response_fields
-from repro.stats import Comparison, Inconclusive, Interval, assess_inconclusive, clopper_pearson, compare, holm
-from repro.stats import timeout_bounds, upper_bound
+from repro.stats import Inconclusive, Interval, assess_inconclusive, clopper_pearson, timeout_bounds, upper_bound
 from repro.store import METRICS, Run, load_run
+
+if TYPE_CHECKING:
+    # pandas and the two-sample tests (statsmodels) are imported where used: `repro gate` imports this
+    # module for its formatting and would otherwise pay for both.
+    import pandas as pd
+
+    from repro.stats import Comparison
 
 VerdictKind = Literal["corrupt", "clean", "inconclusive"]
 
@@ -112,8 +117,16 @@ class SessionView:
     duration_s: float
     last_status: str | None
     error: str | None
-    turns: list[TurnView]
-    """The turns worth showing: every turn that was not clean."""
+    run: Run = field(repr=False, compare=False)
+    record: SessionRecord = field(repr=False, compare=False)
+
+    @cached_property
+    def turns(self) -> list[TurnView]:
+        """The turns worth showing: every turn that was not clean.
+
+        Built on first use, so only the sessions a page shows in full read and parse their raw bytes.
+        """
+        return [_turn_view(self.run, t) for t in self.record.turns if not (t.status == "ok" and t.verdict == "clean")]
 
 
 @dataclass(frozen=True)
@@ -227,6 +240,8 @@ def read_metrics(run_dir: Path) -> tuple[pd.DataFrame | None, str | None]:
     file = Path(run_dir) / METRICS
     if not file.exists():
         return None, None
+    import pandas as pd
+
     try:
         frame = pd.read_csv(file, dtype={"metric": str, "labels": str}, keep_default_na=False)
     except (ValueError, pd.errors.ParserError, UnicodeDecodeError) as err:
@@ -279,7 +294,6 @@ def _turn_view(run: Run, turn: TurnRecord) -> TurnView:
 
 
 def _session_view(run: Run, session: SessionRecord) -> SessionView:
-    shown = [t for t in session.turns if not (t.status == "ok" and t.verdict == "clean")]
     return SessionView(
         session_id=session.session_id,
         task=session.task,
@@ -292,7 +306,8 @@ def _session_view(run: Run, session: SessionRecord) -> SessionView:
         duration_s=session.end_s - session.start_s,
         last_status=session.turns[-1].status if session.turns else None,
         error=session.error,
-        turns=[_turn_view(run, t) for t in shown],
+        run=run,
+        record=session,
     )
 
 
@@ -347,6 +362,8 @@ def comparisons(runs: Sequence[RunView]) -> list[ComparisonRow]:
     """Every run after the first against the first, two-sided, Holm-adjusted over the family."""
     if len(runs) < 2:
         return []
+    from repro.stats import compare, holm
+
     ref = runs[0]
     results = [
         compare(r.counts.corrupt, r.counts.completed, ref.counts.corrupt, ref.counts.completed,
