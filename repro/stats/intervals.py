@@ -30,6 +30,13 @@ def check_counts(k: int, n: int, *, what: str = "k") -> None:
         raise UsageError(f"{what} must be between 0 and n={n}, got {k}")
 
 
+def check_nonnegative(**counts: int) -> None:
+    """Reject a negative count, naming it (the first one, in the order given)."""
+    for name, value in counts.items():
+        if value < 0:
+            raise UsageError(f"{name} must be at least 0, got {value}")
+
+
 def check_level(value: float, *, name: str = "confidence") -> None:
     """Reject a confidence or alpha that is not strictly between 0 and 1."""
     if not 0.0 < value < 1.0:
@@ -74,9 +81,7 @@ def timeout_bounds(corrupt: int, clean: int, timeout: int, confidence: float = 0
     A timeout proves neither outcome; the true rate over all sessions that were started lies between
     what these two bracket.
     """
-    for name, value in (("corrupt", corrupt), ("clean", clean), ("timeout", timeout)):
-        if value < 0:
-            raise UsageError(f"{name} must be at least 0, got {value}")
+    check_nonnegative(corrupt=corrupt, clean=clean, timeout=timeout)
     n = corrupt + clean + timeout
     worst = clopper_pearson(corrupt + timeout, n, confidence)
     best = clopper_pearson(corrupt, n, confidence)

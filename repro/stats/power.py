@@ -135,10 +135,10 @@ def power_two_proportions(
         raise UsageError(f"exact enumeration is limited to {MAX_PER_ARM} sessions per arm, got n1={n1}, n2={n2}")
     if not 0.0 < tolerance < 0.01:
         raise UsageError(f"tolerance must be between 0 and 0.01, got {tolerance}")
+    decide = _fisher_rejects if test == "fisher" else _boschloo_rejects
     power = 0.0
     for k1, k2, prob in zip(*_likely_outcomes(p1, n1, p2, n2, tolerance)):
         k1, k2 = int(k1), int(k2)
-        decide = _fisher_rejects if test == "fisher" else _boschloo_rejects
         if decide(k1, n1, k2, n2, alternative, alpha):
             power += float(prob)
     return min(power, 1.0)

@@ -14,7 +14,7 @@ from scipy import optimize
 from scipy.special import betaln
 
 from repro.errors import UsageError
-from repro.stats.intervals import Interval, check_counts, check_level
+from repro.stats.intervals import Interval, check_counts, check_level, check_nonnegative
 
 Decision = Literal["a_worse", "b_worse", "no_difference", "accept_p1", "accept_p0", "continue", "inconclusive"]
 
@@ -63,9 +63,7 @@ def paired_sequential(
     favour 1/2 over p1, not that the arms are equal. The cap counts `pairs` when given (all pairs run
     so far), else discordant pairs.
     """
-    for name, count in (("discordant_a", discordant_a), ("discordant_b", discordant_b)):
-        if count < 0:
-            raise UsageError(f"{name} must be at least 0, got {count}")
+    check_nonnegative(discordant_a=discordant_a, discordant_b=discordant_b)
     _check_sequential(alpha, beta, max_n)
     if not 0.0 < p0 < p1 < 1.0:
         raise UsageError(f"need 0 < p0 < p1 < 1 (p0 = 0.5 is 'no difference'), got p0={p0}, p1={p1}")

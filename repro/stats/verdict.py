@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from repro.errors import UsageError
-from repro.stats.intervals import check_level, upper_bound
+from repro.stats.intervals import check_level, check_nonnegative, upper_bound
 
 
 @dataclass(frozen=True)
@@ -40,9 +40,7 @@ def assess_inconclusive(
        it; without one, whether there was any corruption at all (so 0 corrupt with some timeouts is
        never read as "no corruption").
     """
-    for name, value in (("clean", clean), ("corrupt", corrupt), ("timeout", timeout), ("error", error)):
-        if value < 0:
-            raise UsageError(f"{name} must be at least 0, got {value}")
+    check_nonnegative(clean=clean, corrupt=corrupt, timeout=timeout, error=error)
     if min_completed < 0:
         raise UsageError(f"min_completed must be at least 0, got {min_completed}")
     if not 0.0 <= max_timeout_fraction <= 1.0:
