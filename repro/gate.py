@@ -13,9 +13,10 @@ from typing import Any, Literal
 
 from repro.errors import EXIT_FAILED, EXIT_INCONCLUSIVE, EXIT_OK, UsageError
 from repro.report.junit import gate_cases, junit_xml
-from repro.report.model import DEFAULT_MAX_TIMEOUT_RATE, DEFAULT_MIN_COMPLETED, fmt_conf, fmt_pct
+from repro.report.model import fmt_conf, fmt_pct
 from repro.records import OutcomeCounts
 from repro.stats import assess_inconclusive, clopper_pearson, upper_bound
+from repro.stats.verdict import MAX_TIMEOUT_FRACTION, MIN_COMPLETED
 from repro.store import Run, load_run
 
 CheckStatus = Literal["pass", "fail", "inconclusive"]
@@ -142,14 +143,14 @@ def evaluate(
     confidence: float = 0.95,
     baseline: Run | Path | str | None = None,
     max_timeout_rate: float | None = None,
-    min_completed: int = DEFAULT_MIN_COMPLETED,
+    min_completed: int = MIN_COMPLETED,
 ) -> GateResult:
     """Judge a run. Evidence wins: a rate shown to exceed the limit fails even when the run is thin."""
     if not 0.0 <= max_corruption_rate < 1.0:
         raise UsageError(f"--max-corruption-rate must be at least 0 and below 1, got {max_corruption_rate}")
     if not 0.5 < confidence < 1.0:
         raise UsageError(f"--confidence must be above 0.5 and below 1, got {confidence}")
-    timeout_limit = DEFAULT_MAX_TIMEOUT_RATE if max_timeout_rate is None else max_timeout_rate
+    timeout_limit = MAX_TIMEOUT_FRACTION if max_timeout_rate is None else max_timeout_rate
     if not 0.0 <= timeout_limit <= 1.0:
         raise UsageError(f"--max-timeout-rate must be between 0 and 1, got {timeout_limit}")
     if min_completed < 1:

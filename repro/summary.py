@@ -13,9 +13,7 @@ import numpy as np
 
 from repro.records import OutcomeCounts, Percentiles, RateEstimate, SessionRecord, Summary
 from repro.stats import Interval, assess_inconclusive, clopper_pearson, timeout_bounds
-
-MIN_COMPLETED = 20
-"""Fewer completed sessions than this and the run is inconclusive (statistics.md)."""
+from repro.stats.verdict import MIN_COMPLETED
 
 
 def percentiles(values: Iterable[float | None]) -> Percentiles:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal, Sequence
 from repro.records import OutcomeCounts, SessionRecord, TurnRecord
 from repro.report.raw import RawExcerpt, read_raw, response_fields
 from repro.stats import Inconclusive, Interval, assess_inconclusive, clopper_pearson, timeout_bounds, upper_bound
+from repro.stats.verdict import MAX_TIMEOUT_FRACTION, MIN_COMPLETED
 from repro.store import METRICS, Run, load_run
 
 if TYPE_CHECKING:
@@ -27,8 +28,6 @@ if TYPE_CHECKING:
 
 VerdictKind = Literal["corrupt", "clean", "inconclusive"]
 
-DEFAULT_MIN_COMPLETED = 20
-DEFAULT_MAX_TIMEOUT_RATE = 0.2
 CONTEXT_CHARS = 400
 """Characters of model output shown on each side of an offending span."""
 
@@ -321,8 +320,8 @@ def run_view(run: Run, *, confidence: float = 0.95) -> RunView:
         counts.corrupt,
         counts.timeout,
         counts.error,
-        min_completed=int(_option(run, "min_completed", DEFAULT_MIN_COMPLETED)),
-        max_timeout_fraction=float(_option(run, "max_timeout_rate", DEFAULT_MAX_TIMEOUT_RATE)),
+        min_completed=int(_option(run, "min_completed", MIN_COMPLETED)),
+        max_timeout_fraction=float(_option(run, "max_timeout_rate", MAX_TIMEOUT_FRACTION)),
         confidence=confidence,
     )
     upper = upper_bound(counts.corrupt, counts.completed, confidence)

@@ -7,6 +7,11 @@ from dataclasses import dataclass, field
 from repro.errors import UsageError
 from repro.stats.intervals import check_level, check_nonnegative, upper_bound
 
+MIN_COMPLETED = 20
+"""Fewer completed sessions than this and the counts are inconclusive (statistics.md)."""
+MAX_TIMEOUT_FRACTION = 0.2
+"""More of all sessions than this timed out and the counts are inconclusive."""
+
 
 @dataclass(frozen=True)
 class Inconclusive:
@@ -26,8 +31,8 @@ def assess_inconclusive(
     timeout: int,
     error: int = 0,
     *,
-    min_completed: int = 20,
-    max_timeout_fraction: float = 0.2,
+    min_completed: int = MIN_COMPLETED,
+    max_timeout_fraction: float = MAX_TIMEOUT_FRACTION,
     threshold: float | None = None,
     confidence: float = 0.95,
 ) -> Inconclusive:
