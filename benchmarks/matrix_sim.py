@@ -48,9 +48,9 @@ def main() -> None:
 
         from repro.matrix.analysis import CellRun, analyse
         from repro.matrix.design import cells
-        from repro.matrix.spec import load_spec
+        from repro.matrix.spec import load_spec, parse_assignments
 
-        spec = load_spec(options.spec, dict(v.split("=", 1) for v in options.var))
+        spec = load_spec(options.spec, parse_assignments(options.var))
         runs = [CellRun.model_validate(r) for r in records]
         order = [c.as_dict() for c in cells(spec)]
         analyse(spec, runs, order, len(runs))  # the first call pays the imports and compilation

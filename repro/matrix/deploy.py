@@ -11,6 +11,7 @@ import json
 import os
 import shlex
 import signal
+import subprocess
 import sys
 import time
 import zlib
@@ -274,10 +275,9 @@ class CellDeployment:
     def _run_hook(self, name: str, argv: list[str]) -> None:
         proc = start_process(argv, log_path=self.log_dir / f"{name}.log", env=self.plan.hook_env)
         self._record(name, proc)
-        deadline = time.monotonic() + self.plan.hook_timeout
-        while proc.alive and time.monotonic() < deadline:
-            time.sleep(0.1)
-        if proc.alive:
+        try:
+            proc.popen.wait(timeout=self.plan.hook_timeout)
+        except subprocess.TimeoutExpired:
             proc.stop(self.plan.stop_timeout)
             raise TargetError(f"cell {self.cell}: {name} hook still running after {self.plan.hook_timeout:g}s")
         if proc.returncode != 0:
