@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from repro.errors import EXIT_FAILED, EXIT_INCONCLUSIVE, EXIT_OK, UsageError
+from repro.records import OutcomeCounts
 from repro.report.junit import gate_cases, junit_xml
 from repro.report.model import fmt_conf, fmt_pct
-from repro.records import OutcomeCounts
 from repro.stats import assess_inconclusive, clopper_pearson, upper_bound
 from repro.stats.verdict import MAX_TIMEOUT_FRACTION, MIN_COMPLETED
 from repro.store import Run, load_run
