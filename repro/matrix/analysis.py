@@ -195,6 +195,27 @@ def _confirmed(run: CellRun) -> dict[str, dict[str, Any]]:
 Table = tuple[int, int, int, int]
 
 
+def _paired_arms(
+    totals: dict[tuple[tuple[str, str], ...], OutcomeCounts],
+    factor: str,
+    level: str,
+    baseline: str,
+    where: dict[str, str] | None = None,
+) -> list[tuple[OutcomeCounts, OutcomeCounts]]:
+    """(treated, reference) counts per combination of the other factors, for those holding both arms."""
+    arms: dict[tuple, dict[str, OutcomeCounts]] = {}
+    for key, counts in totals.items():
+        levels = dict(key)
+        if levels[factor] not in (level, baseline):
+            continue
+        if where and any(levels[f] != lv for f, lv in where.items()):
+            continue
+        stratum = tuple((f, lv) for f, lv in key if f != factor)
+        side = "t" if levels[factor] == level else "r"
+        arms.setdefault(stratum, {})[side] = arms.get(stratum, {}).get(side, OutcomeCounts()) + counts
+    return [(sides["t"], sides["r"]) for sides in arms.values() if "t" in sides and "r" in sides]
+
+
 def _strata(
     totals: dict[tuple[tuple[str, str], ...], OutcomeCounts],
     factor: str,
@@ -208,26 +229,14 @@ def _strata(
     factors, only for strata that hold both arms; also the pooled arms over those strata.
     `worst_case` is the censoring least kind to a claim that the treated level raises the event rate:
     the treated arm's timeouts count as non-events, the reference arm's as events."""
-    arms: dict[tuple, dict[str, OutcomeCounts]] = {}
-    for key, counts in totals.items():
-        levels = dict(key)
-        if levels[factor] not in (level, baseline):
-            continue
-        if where and any(levels[f] != lv for f, lv in where.items()):
-            continue
-        stratum = tuple((f, lv) for f, lv in key if f != factor)
-        side = "t" if levels[factor] == level else "r"
-        arms.setdefault(stratum, {})[side] = arms.get(stratum, {}).get(side, OutcomeCounts()) + counts
     tables: list[Table] = []
     treated, reference = Arm(0, 0), Arm(0, 0)
-    for sides in arms.values():
-        if "t" not in sides or "r" not in sides:
-            continue
-        kt, nt = event(sides["t"])
-        kr, nr = event(sides["r"])
+    for t, r in _paired_arms(totals, factor, level, baseline, where):
+        kt, nt = event(t)
+        kr, nr = event(r)
         if worst_case:
-            nt += sides["t"].timeout
-            kr, nr = kr + sides["r"].timeout, nr + sides["r"].timeout
+            nt += t.timeout
+            kr, nr = kr + r.timeout, nr + r.timeout
         if nt == 0 or nr == 0:
             continue
         tables.append((kt, nt - kt, kr, nr - kr))
@@ -485,9 +494,13 @@ def _censoring_caveat(
     (Bonferroni over `tests`) with the treated arm's timeouts counted clean and the reference's corrupt.
     """
     comparison = (effect.factor, effect.level, effect.baseline)
-    _, treated, reference = _strata(totals, *comparison, EVENTS["corruption"], where)
+    # The timeouts of the strata the worst-case test compares (those with sessions on both sides).
+    pairs = [
+        (t, r) for t, r in _paired_arms(totals, *comparison, where)
+        if t.completed + t.timeout and r.completed + r.timeout
+    ]
+    treated_timeouts, reference_timeouts = sum(t.timeout for t, _ in pairs), sum(r.timeout for _, r in pairs)
     tables, worst_treated, worst_reference = _strata(totals, *comparison, EVENTS["corruption"], where, worst_case=True)
-    treated_timeouts, reference_timeouts = worst_treated.n - treated.n, worst_reference.n - reference.n
     if not (treated_timeouts or reference_timeouts):
         return None
     worst = _stratified_p(tables)
