@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import yaml
 from pydantic import ValidationError
 
 EXIT_OK = 0
@@ -62,3 +63,27 @@ def describe_yaml_error(err: Exception, *, source: str) -> str:
     where = f"{source}:{mark.line + 1}" if mark is not None else source
     problem = getattr(err, "problem", None) or str(err).splitlines()[0]
     return f"{where}: not valid YAML: {problem}"
+
+
+def yaml_lines(text: str, loader: type[yaml.SafeLoader] = yaml.SafeLoader) -> dict[tuple, int]:
+    """1-based line of every mapping key and sequence item of a YAML document, by its pydantic `loc`:
+    the `lines` of describe_validation_error. The text must already have loaded without error."""
+    lines: dict[tuple, int] = {}
+    root = yaml.compose(text, Loader=loader)
+
+    def walk(node: yaml.Node, loc: tuple) -> None:
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                child = (*loc, key.value)
+                lines[child] = key.start_mark.line + 1
+                walk(value, child)
+        elif isinstance(node, yaml.SequenceNode):
+            for index, item in enumerate(node.value):
+                child = (*loc, index)
+                lines[child] = item.start_mark.line + 1
+                walk(item, child)
+
+    if root is not None:
+        lines[()] = root.start_mark.line + 1
+        walk(root, ())
+    return lines

@@ -16,7 +16,7 @@ from typing import Any, Literal, get_args
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from repro.errors import UsageError, describe_validation_error, describe_yaml_error
+from repro.errors import UsageError, describe_validation_error, describe_yaml_error, yaml_lines
 
 DEFAULT_WORKLOAD = "agentic_coding.yaml"
 ToolKind = Literal["read_file", "grep", "list_dir", "edit_file", "run_tests", "finish", "echo"]
@@ -114,28 +114,6 @@ class LoadedWorkload:
         return {"name": self.workload.name, "path": self.path, "sha256": self.sha256}
 
 
-def _line_map(text: str) -> dict[tuple, int]:
-    """Field path → 1-based line, from the YAML node tree, so errors can name the line."""
-    lines: dict[tuple, int] = {}
-
-    def walk(node: yaml.Node, path: tuple) -> None:
-        lines[path] = node.start_mark.line + 1
-        if isinstance(node, yaml.MappingNode):
-            for key, value in node.value:
-                walk(value, path + (key.value,))
-        elif isinstance(node, yaml.SequenceNode):
-            for index, item in enumerate(node.value):
-                walk(item, path + (index,))
-
-    try:
-        root = yaml.compose(text)
-    except yaml.YAMLError:
-        return lines
-    if root is not None:
-        walk(root, ())
-    return lines
-
-
 def parse_workload(text: str, *, source: str) -> Workload:
     """Validate workload YAML; a UsageError names the file, line and field of the first problem."""
     try:
@@ -147,7 +125,7 @@ def parse_workload(text: str, *, source: str) -> Workload:
     try:
         return Workload.model_validate(data)
     except ValidationError as err:
-        raise UsageError(describe_validation_error(err, source=source, lines=_line_map(text))) from None
+        raise UsageError(describe_validation_error(err, source=source, lines=yaml_lines(text))) from None
 
 
 def load_workload(path: str | Path | None = None) -> LoadedWorkload:

@@ -17,7 +17,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from repro.errors import UsageError, describe_validation_error, describe_yaml_error
+from repro.errors import UsageError, describe_validation_error, describe_yaml_error, yaml_lines
 
 BUILTIN_VARIABLES = ("python", "flags", "cell", "replicate", "run_seed", "log_dir")
 """Set by the harness per cell: the Python running repro, the cell's shell-quoted flags, the cell name,
@@ -341,29 +341,6 @@ SpecLoader.add_implicit_resolver(
 )
 
 
-def line_map(text: str) -> dict[tuple, int]:
-    """1-based line of every mapping key and sequence item of a YAML document, by its pydantic `loc`."""
-    lines: dict[tuple, int] = {}
-    root = yaml.compose(text, Loader=SpecLoader)
-
-    def walk(node: yaml.Node, loc: tuple) -> None:
-        if isinstance(node, yaml.MappingNode):
-            for key, value in node.value:
-                child = (*loc, key.value)
-                lines[child] = key.start_mark.line + 1
-                walk(value, child)
-        elif isinstance(node, yaml.SequenceNode):
-            for index, item in enumerate(node.value):
-                child = (*loc, index)
-                lines[child] = item.start_mark.line + 1
-                walk(item, child)
-
-    if root is not None:
-        lines[()] = root.start_mark.line + 1
-        walk(root, ())
-    return lines
-
-
 def parse_assignments(items: list[str]) -> dict[str, str]:
     """`--var name=value` options into a dict; UsageError on a malformed one."""
     result: dict[str, str] = {}
@@ -384,7 +361,7 @@ def load_spec(path: Path | str, overrides: dict[str, str] | None = None) -> Matr
         raise UsageError(f"{source}: cannot read matrix spec: {err.strerror or err}") from None
     try:
         data = yaml.load(text, Loader=SpecLoader)  # noqa: S506 - a SafeLoader subclass
-        lines = line_map(text)
+        lines = yaml_lines(text, SpecLoader)
     except yaml.YAMLError as err:
         raise UsageError(describe_yaml_error(err, source=str(source))) from None
     if not isinstance(data, dict):
