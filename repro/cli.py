@@ -90,11 +90,10 @@ def gate_command(
         max_timeout_rate=max_timeout_rate,
         min_completed=min_completed,
     )
-    for check in result.checks:
-        typer.echo(check.line)
     if junit is not None:
         write_junit(result, run_dir, junit)
-    typer.echo(f"gate: {result.status.upper()} (exit {result.exit_code})")
+    for line in result.lines():
+        typer.echo(line)
     raise typer.Exit(result.exit_code)
 
 

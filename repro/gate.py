@@ -40,6 +40,10 @@ class GateResult:
     def status(self) -> CheckStatus:
         return {EXIT_OK: "pass", EXIT_FAILED: "fail"}.get(self.exit_code, "inconclusive")  # type: ignore[return-value]
 
+    def lines(self) -> list[str]:
+        """What the gate prints: one line per check, then the verdict with its exit code."""
+        return [check.line for check in self.checks] + [f"gate: {self.status.upper()} (exit {self.exit_code})"]
+
     def as_record(self) -> dict[str, Any]:
         """The JSON form stored in summary.json's `gate` and read back by the report."""
         return {"status": self.status, "exit_code": self.exit_code, "checks": [asdict(c) for c in self.checks]}

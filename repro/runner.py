@@ -354,9 +354,8 @@ def _gate(run_dir: Path, summary: Summary, limit: float, writer: RunWriter, cons
     result = evaluate(run_dir, max_corruption_rate=limit)
     summary = summary.model_copy(update={"gate": result.as_record()})
     writer.write_summary(summary)
-    for check in result.checks:
-        say(console, check.line)
-    say(console, f"gate: {result.status.upper()} (exit {result.exit_code})")
+    for line in result.lines():
+        say(console, line)
     return summary, result.exit_code
 
 
