@@ -9,7 +9,7 @@ from pathlib import Path
 import typer
 
 from repro import __version__
-from repro.errors import EXIT_INTERRUPTED, ReproError, UsageError
+from repro.errors import EXIT_INTERRUPTED, ReproError, UsageError, handle_interrupts, is_interrupt
 
 app = typer.Typer(
     name="repro",
@@ -163,11 +163,14 @@ def sim_serve(ctx: typer.Context) -> None:
 
 def main() -> None:
     """Console entry point: ReproError becomes one line on stderr and its exit code, never a traceback."""
+    handle_interrupts()
     try:
         app()
     except ReproError as err:
         typer.echo(f"repro: error: {err}", err=True)
         sys.exit(err.exit_code)
-    except KeyboardInterrupt:
+    except BaseException as err:
+        if isinstance(err, SystemExit) or not is_interrupt(err):
+            raise
         typer.echo("repro: interrupted", err=True)
         sys.exit(EXIT_INTERRUPTED)

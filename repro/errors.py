@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import signal
+from types import FrameType
+from typing import NoReturn
+
 import yaml
 from pydantic import ValidationError
 
@@ -34,6 +38,30 @@ class TargetError(ReproError):
     """The target is unreachable, serves no model, or failed to start: exit 3."""
 
     exit_code = EXIT_TARGET
+
+
+_interrupt = {"requested": False}
+
+
+def request_interrupt(signum: int, frame: FrameType | None) -> NoReturn:
+    """Handler for SIGINT and SIGTERM: remember that the user asked to stop, then raise KeyboardInterrupt."""
+    _interrupt["requested"] = True
+    raise KeyboardInterrupt
+
+
+def handle_interrupts() -> None:
+    """Route SIGINT through `request_interrupt` (main thread only, as `signal` requires)."""
+    signal.signal(signal.SIGINT, request_interrupt)
+
+
+def is_interrupt(err: BaseException) -> bool:
+    """Whether `err` is how a Ctrl-C or SIGTERM surfaced.
+
+    A KeyboardInterrupt raised inside a library's callback can come out as that library's own
+    error (pydantic turns one raised while it serialises a Path into PydanticSerializationError),
+    so once an interrupt was requested any exception counts as it.
+    """
+    return isinstance(err, KeyboardInterrupt) or _interrupt["requested"]
 
 
 def describe_validation_error(err: ValidationError, *, source: str, lines: dict[tuple, int] | None = None) -> str:

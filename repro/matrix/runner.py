@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from repro.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_TARGET, TargetError, UsageError
+from repro.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_TARGET, TargetError, UsageError, is_interrupt, request_interrupt
 from repro.matrix.analysis import CellRun, MatrixAnalysis, analyse, cell_counts
 from repro.matrix.deploy import CellDeployment, describe, resolve, stop_stale
 from repro.matrix.design import Cell, PlannedRun, cells, plan
@@ -206,7 +206,9 @@ class MatrixRunner:
                     exit_code = EXIT_TARGET
                     if not self.keep_going:
                         break
-        except KeyboardInterrupt:
+        except BaseException as err:
+            if not is_interrupt(err):
+                raise
             self.console.print(
                 Text("matrix interrupted: every process stopped; finished cells are kept (resume with --resume)")
             )
@@ -271,10 +273,6 @@ class MatrixRunner:
         self.console.print(table)
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
 def run_matrix(
     spec_path: Path,
     *,
@@ -302,7 +300,7 @@ def run_matrix(
     )
     # SIGTERM (a CI job cancelled, `kill`) tears down like Ctrl-C: servers run in their own process groups
     # and would outlive the harness otherwise.
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+    previous = signal.signal(signal.SIGTERM, request_interrupt)
     try:
         result = runner.run()
     finally:
