@@ -13,6 +13,8 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_TARGET = 3
+EXIT_INTERNAL = 70
+"""A bug in the harness (sysexits' EX_SOFTWARE): never 0 or 1, which a gate or `git bisect run` would read as a verdict."""
 EXIT_INCONCLUSIVE = 125
 EXIT_INTERRUPTED = 130
 
@@ -32,6 +34,12 @@ class UsageError(ReproError):
     """Bad options, a bad file, a bad spec: exit 2."""
 
     exit_code = EXIT_USAGE
+
+
+class InternalError(ReproError):
+    """The harness failed, not the input nor the target: exit 70, with what was kept and how to go on."""
+
+    exit_code = EXIT_INTERNAL
 
 
 class TargetError(ReproError):

@@ -106,9 +106,9 @@ def test_holm_and_benjamini_hochberg_by_hand() -> None:
     # BH: sorted p times 4/rank, made monotone from the top: 0.02, 0.02, 0.04, 0.04.
     assert benjamini_hochberg(p) == pytest.approx([0.02, 0.04, 0.04, 0.02])
     assert holm([]) == [] and benjamini_hochberg([]) == []
-    with pytest.raises(UsageError, match="p-value 1"):
+    with pytest.raises(ValueError, match="p-value 1"):
         holm([0.1, 1.5])
-    with pytest.raises(UsageError, match="p-value 0"):
+    with pytest.raises(ValueError, match="p-value 0"):
         benjamini_hochberg([float("nan")])
 
 

@@ -8,6 +8,7 @@ Pure functions over the per-run records of progress.jsonl; nothing here does I/O
 from __future__ import annotations
 
 import itertools
+import math
 import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Literal
@@ -245,12 +246,17 @@ def _strata(
     return tables, treated, reference
 
 
+def _finite(p: float | None) -> float | None:
+    """A p-value that can enter a verdict: None for NaN or one outside [0, 1] (a test that could not be computed)."""
+    return p if p is not None and math.isfinite(p) and 0.0 <= p <= 1.0 else None
+
+
 def _stratified_p(tables: list[Table]) -> float | None:
     if not tables:
         return None
     if sum(t[0] + t[2] for t in tables) == 0:
         return 1.0
-    return float(stratified_exact_test(tables).p_value)
+    return _finite(float(stratified_exact_test(tables).p_value))
 
 
 def _adjust(pvalues: list[float | None], correction: str) -> list[float | None]:
@@ -290,10 +296,28 @@ def _design_columns(
 
 @dataclass(frozen=True)
 class FirthTerm:
-    coef: float
-    low: float
-    high: float
-    p: float
+    """One coefficient of the Firth fit; `p` is None, with the `reason` in words, when it could not be estimated."""
+
+    coef: float | None
+    low: float | None
+    high: float | None
+    p: float | None
+    reason: str | None = None
+
+
+def _firth_term(coef: float, low: float, high: float, p: float, converged: bool, iterations: int) -> FirthTerm:
+    if not converged:
+        return FirthTerm(None, None, None, None, f"the Firth fit did not converge in {iterations} iterations")
+    values = [v if math.isfinite(v) else None for v in (coef, low, high)]
+    if values[0] is None or _finite(p) is None:
+        # Penalised fits stay finite under plain separation; a NaN here means the likelihood is flat along
+        # this term's direction: the events sit exactly where it and other terms are set together.
+        return FirthTerm(
+            None, None, None, None,
+            "the Firth fit could not estimate this term (its likelihood-ratio test is undefined: the corruption "
+            "is separated by the cells where this term is set, so the data cannot tell it from the terms it is made of)",
+        )
+    return FirthTerm(values[0], values[1], values[2], p)
 
 
 def firth(
@@ -318,14 +342,20 @@ def firth(
     x = np.repeat(design, 2, axis=0)
     y = np.tile([1, 0], len(cells))
     weights = np.array([w for _, c in cells for w in (c.corrupt, c.clean)], dtype=float)
-    with warnings.catch_warnings():
+    max_iter = 100
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore")
-        model = FirthLogisticRegression(backend="numpy", max_iter=100).fit(x, y, sample_weight=weights)
-        model.lrt()
-        intervals = model.conf_int(method="pl")
+        model = FirthLogisticRegression(backend="numpy", max_iter=max_iter).fit(x, y, sample_weight=weights)
+        converged = bool(getattr(model, "converged_", True))
+        if converged:
+            model.lrt()
+            intervals = model.conf_int(method="pl")
+        else:
+            intervals = np.full((len(columns), 2), np.nan)
+    pvalues = model.lrt_pvalues_ if converged else np.full(len(columns), np.nan)
     return {
-        name: FirthTerm(
-            float(model.coef_[i]), float(intervals[i][0]), float(intervals[i][1]), float(model.lrt_pvalues_[i])
+        name: _firth_term(
+            float(model.coef_[i]), float(intervals[i][0]), float(intervals[i][1]), float(pvalues[i]), converged, max_iter
         )
         for i, (name, _) in enumerate(columns)
     }
@@ -353,6 +383,8 @@ def _effect(
     test = "stratified exact"
     term = _term(factor, level)
     firth_term = fitted.get(term) if fitted else None
+    if firth_term is not None and firth_term.p is None:
+        firth_term = None  # nothing to report from the regression; the exact test stands alone
     if p is None and firth_term is not None:
         # No stratum holds both arms (a fractional design): the regression is the only comparison.
         p, test = firth_term.p, "Firth likelihood ratio"
@@ -559,7 +591,8 @@ def _judge_secondary(spec: MatrixSpec, effects: list[Effect]) -> None:
         effect.p_adjusted = adjusted
         if effect.p is None:
             effect.verdict = "inconclusive"
-            effect.reasons.append("no stratum holds both levels")
+            effect.reasons.append(effect.reasons.pop() if effect.reasons else "no stratum holds both levels")
+            effect.reasons.append(f"left out of the {spec.design.correction} adjustment")
         elif _significant(effect, spec.design.alpha):
             effect.verdict = "causes" if _direction(effect) > 0 else "reduces"
         else:
@@ -591,9 +624,10 @@ def _interactions(spec: MatrixSpec, fitted: dict[str, FirthTerm] | None, baselin
                 log_odds_low=value.low,
                 log_odds_high=value.high,
                 firth_p=value.p,
+                reasons=[value.reason] if value.reason else [],
             )
         )
-    _judge_secondary(spec, effects)  # a Firth p is never None; the sign is the log-odds'
+    _judge_secondary(spec, effects)  # the sign is the log-odds'
     return effects
 
 
@@ -635,6 +669,8 @@ def verdict_paragraph(spec: MatrixSpec, analysis: MatrixAnalysis) -> str:
         if effect.verdict in ("causes", "reduces"):
             word = "raises" if effect.verdict == "causes" else "lowers"
             sentences.append(f"The interaction {effect.label} {word} corruption ({_fmt_p(effect.p_adjusted)}).")
+        elif effect.verdict == "inconclusive":
+            sentences.append(f"The interaction {effect.label}: inconclusive ({'; '.join(effect.reasons)}).")
     for family, noun in ((analysis.timeouts, "timeouts"), (analysis.wedges, "wedged streams")):
         for effect in family:
             if effect.verdict in ("causes", "reduces"):

@@ -51,6 +51,9 @@ def _diff(effect: Effect) -> str:
 def _log_odds(effect: Effect) -> str:
     if effect.log_odds is None:
         return "—"
+    bounds = (effect.log_odds_low, effect.log_odds_high)
+    if None in bounds:  # the profile-likelihood interval did not close on one side
+        return f"{effect.log_odds:+.2f} [" + ", ".join("—" if b is None else f"{b:+.2f}" for b in bounds) + "]"
     return f"{effect.log_odds:+.2f} [{effect.log_odds_low:+.2f}, {effect.log_odds_high:+.2f}]"
 
 

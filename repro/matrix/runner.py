@@ -25,7 +25,16 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from repro.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_TARGET, TargetError, UsageError, is_interrupt, request_interrupt
+from repro.errors import (
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_TARGET,
+    InternalError,
+    TargetError,
+    UsageError,
+    is_interrupt,
+    request_interrupt,
+)
 from repro.matrix.analysis import CellRun, MatrixAnalysis, analyse, cell_counts
 from repro.matrix.deploy import CellDeployment, describe, resolve, stop_stale
 from repro.matrix.design import Cell, PlannedRun, cells, plan
@@ -47,6 +56,8 @@ class MatrixResult:
     path: Path
     analysis: MatrixAnalysis
     exit_code: int
+    analysis_error: str | None = None
+    """Why the per-factor analysis failed (a harness bug); `analysis` then holds the cells only."""
 
 
 def default_dir(spec: MatrixSpec, root: Path = Path("reports")) -> Path:
@@ -213,7 +224,12 @@ class MatrixRunner:
                 Text("matrix interrupted: every process stopped; finished cells are kept (resume with --resume)")
             )
             exit_code = EXIT_INTERRUPTED
-        analysis = self._write_matrix()
+        try:
+            analysis = self._write_matrix()
+        except Exception as err:  # noqa: BLE001 - a bug in the statistics must not cost the cells' data
+            if is_interrupt(err):
+                raise
+            return MatrixResult(self.path, self._write_matrix(effects=False), exit_code, f"{type(err).__name__}: {err}")
         return MatrixResult(self.path, analysis, exit_code)
 
     def _run_one(self, run: PlannedRun) -> CellRun:
@@ -306,6 +322,11 @@ def run_matrix(
     finally:
         signal.signal(signal.SIGTERM, previous)
     write_reports(path, result.analysis, list(spec.factors), list(runner.records.values()))
+    if result.analysis_error is not None:
+        raise InternalError(
+            f"the matrix analysis failed ({result.analysis_error}); every cell's data is kept in {path}: "
+            f"re-analyse with `repro matrix {spec_path} --out {path} --resume`"
+        )
     console.print(Text(result.analysis.verdict or "No finished cells: no verdict."))
     console.print(Text(f"matrix: {path} (matrix.json, report.html)"))
     return result

@@ -8,14 +8,13 @@ from collections.abc import Sequence
 from scipy import stats as sps
 from statsmodels.stats.multitest import multipletests
 
-from repro.errors import UsageError
-
 
 def _checked(pvalues: Sequence[float]) -> list[float]:
+    # A p-value out of range is the caller's bug, never the user's input: ValueError, not UsageError (exit 2).
     values = [float(p) for p in pvalues]
     for i, p in enumerate(values):
         if math.isnan(p) or not 0.0 <= p <= 1.0:
-            raise UsageError(f"p-value {i} must be between 0 and 1, got {p}")
+            raise ValueError(f"p-value {i} must be between 0 and 1, got {p}")
     return values
 
 
