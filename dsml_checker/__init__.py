@@ -3,8 +3,7 @@
 Standard library only, no I/O. `check(message, finish_reason=, tools=, tool_choice=)` returns a `Verdict`
 ("clean", "corrupt" on any hard finding, "suspect" on soft ones only) with its `Finding`s; `RULES` lists every
 rule id with its severity and description; `StreamAccumulator` rebuilds a streamed message so it is judged
-whole. `render_calls`/`parse_calls`/`split_completion` write and read the DeepSeek formats (dsml-format.md);
-`encode_messages` renders a whole conversation as DeepSeek's reference encoders do (V4, V4.1, V3.2).
+whole. `render_calls`/`parse_calls`/`split_completion` write and read the DeepSeek formats (dsml-format.md).
 """
 
 from dsml_checker.check import check
@@ -30,8 +29,8 @@ __all__ = [
     "StreamAccumulator",
     "ToolCall",
     "Verdict",
-    "check",
     "encode_messages",
+    "check",
     "parse_calls",
     "render_calls",
     "render_completion",
