@@ -21,9 +21,11 @@ from dsml_checker.formats import EOS, THINK_CLOSE
 from repro.sandbox import execute
 from repro.sim.launch import SimHandle, start_sim
 from repro.sim.model import answer
+from repro.sim.parser import ParsedOutput
 from repro.sim.prompt_decode import decode_prompt
+from repro.sim.protocol import Reply, StreamCursor
 from repro.sim.server import cut_to_limit
-from repro.sim.tokens import tokenize
+from repro.sim.tokens import Coverage, token_logprobs, tokenize
 from repro.workload import load_workload
 
 WORKLOAD = load_workload().workload
@@ -95,6 +97,26 @@ def test_pseudo_tokens_concatenate_to_the_text(text: str) -> None:
 def test_sentinel_think_close_and_eos_are_never_split(before: str, special: str, after: str) -> None:
     tokens = tokenize(before + special + after)
     assert any(special in token for token in tokens)
+
+
+@settings(max_examples=60, deadline=None)
+@given(steps=st.lists(st.integers(0, 9), min_size=1, max_size=30), coverage=st.sampled_from(["full", "no-tool-calls"]),
+       top=st.integers(0, 5))
+def test_streamed_logprobs_are_the_served_entries_once_each_whatever_the_pace(steps: list[int], coverage: Coverage,
+                                                                              top: int) -> None:
+    meant = answer(_task(1), TOOLS, "auto", seed=1, final_after_turns=FINAL_AFTER)
+    output = ParsedOutput(meant.reasoning, meant.content, meant.calls)
+    entries = tuple(token_logprobs(meant.raw, top_logprobs=top, coverage=coverage, has_calls=bool(output.calls)))
+    reply = Reply("chatcmpl-x", "m", 0, output, "tool_calls", 1, 40, 0, meant.raw, entries)
+    cursor, done, streamed = StreamCursor(reply), 0, []
+    for step in [*steps, 40]:
+        done = min(40, done + step)
+        chunks = list(cursor.advance(done, 40))
+        carried = [c["choices"][0]["logprobs"] for c in chunks if c["choices"][0]["logprobs"]]
+        assert len(carried) <= 1, "a step's log-probabilities ride on one chunk"
+        streamed += [e for lp in carried for e in lp["content"]]
+    assert streamed == [e for e in entries if e is not None] == reply.body()["choices"][0]["logprobs"]["content"]
+    assert all(len(e["top_logprobs"]) == top for e in streamed)
 
 
 _TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=40).filter(
