@@ -7,6 +7,7 @@ whole. `render_calls`/`parse_calls`/`split_completion` write and read the DeepSe
 """
 
 from dsml_checker.check import check
+from dsml_checker.encoding import encode_messages
 from dsml_checker.findings import RULES, Finding, Rule, Verdict
 from dsml_checker.formats import (
     Completion,
@@ -28,6 +29,7 @@ __all__ = [
     "StreamAccumulator",
     "ToolCall",
     "Verdict",
+    "encode_messages",
     "check",
     "parse_calls",
     "render_calls",
