@@ -43,8 +43,14 @@ def summarize(
     duration_s: float = 0.0,
     interrupted: bool = False,
     min_completed: int = MIN_COMPLETED,
+    stop_reason: str | None = None,
+    lost: int = 0,
 ) -> Summary:
-    """The summary of a run from its session records."""
+    """The summary of a run from its session records.
+
+    `stop_reason` says why an interrupted run stopped when it was not a signal (the disk filled up);
+    `lost` counts finished sessions that could not be written to sessions.jsonl.
+    """
     tally = OutcomeCounts.of(sessions)
     clean, corrupt, timeout, error = tally.clean, tally.corrupt, tally.timeout, tally.error
     completed = tally.completed
@@ -52,7 +58,9 @@ def summarize(
     verdict = assess_inconclusive(clean, corrupt, timeout, error, min_completed=min_completed)
     reasons = list(verdict.reasons)
     if interrupted:
-        reasons.append(f"the run was interrupted ({tally.interrupted} sessions in flight)")
+        reasons.append(f"{stop_reason or 'the run was interrupted'} ({tally.interrupted} sessions in flight)")
+    if lost:
+        reasons.append(f"{lost} finished sessions could not be written to sessions.jsonl")
     turns = [turn for session in sessions for turn in session.turns]
     turn_counts: Counter[str] = Counter()
     for turn in turns:
@@ -65,7 +73,7 @@ def summarize(
         worst_case=rate(worst, corrupt + timeout, completed + timeout),
         best_case=rate(best, corrupt, completed + timeout),
         suspect_sessions=tally.suspect,
-        inconclusive=verdict.inconclusive or interrupted,
+        inconclusive=verdict.inconclusive or interrupted or bool(lost),
         inconclusive_reasons=reasons,
         turns=len(turns),
         turn_counts=dict(turn_counts),

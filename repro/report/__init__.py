@@ -14,6 +14,7 @@ from repro.report.html import render_html
 from repro.report.junit import render_junit
 from repro.report.markdown import render_markdown
 from repro.report.model import ReportModel, build_model
+from repro.store import check_output
 
 if TYPE_CHECKING:
     from repro.report.plots import Plot
@@ -64,6 +65,9 @@ def render_report(
     """Write the HTML report of one or more runs to `output` (and the Markdown and JUnit files when asked)."""
     if not run_dirs:
         raise UsageError("report: give at least one run directory")
+    for option, path in (("--output", output), ("--markdown", markdown), ("--junit", junit)):
+        if path is not None:
+            check_output(path, run_dirs, option)
     model = build_model([Path(p) for p in run_dirs], confidence=confidence)
     _write(output, render_html(model, _plots(model)), "--output")
     markdown_text = render_markdown(model)
