@@ -271,11 +271,11 @@ def _run_dir(options: RunOptions, name: str) -> tuple[Path, bool]:
 def _unmake_run_dir(run_dir: Path, writer: RunWriter | None, created: bool) -> None:
     """A start that failed leaves nothing that would block a rerun with the same --out. Only what this
     run made is removed: rmdir, not rmtree, so a directory that holds anything else stays."""
-    if writer is not None:
-        writer.discard()
-    (run_dir / "sim.log").unlink(missing_ok=True)  # its tail is in the error already
-    if created:
-        with contextlib.suppress(OSError):
+    with contextlib.suppress(OSError):
+        if writer is not None:
+            writer.discard()
+        (run_dir / "sim.log").unlink(missing_ok=True)  # its tail is in the error already
+        if created:
             run_dir.rmdir()
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, TypeVar
@@ -85,8 +86,10 @@ def _cannot(path: Path, err: OSError, doing: str) -> UsageError:
 def check_new_run_dir(path: Path) -> None:
     """A run never writes into a used directory: UsageError unless `path` is absent or an empty directory."""
     try:
-        used = path.exists() and (not path.is_dir() or any(path.iterdir()))
-    except OSError as err:
+        used = not stat.S_ISDIR(os.stat(path).st_mode) or any(path.iterdir())
+    except FileNotFoundError:
+        return
+    except OSError as err:  # a symlink loop, a file in the way, no permission
         raise _cannot(path, err, "use it as a run directory") from None
     if used:
         raise UsageError(f"--out {path}: exists and is not an empty directory; choose a new path")
@@ -100,6 +103,8 @@ def make_run_dir(path: Path) -> bool:
         return True
     except FileExistsError:
         check_new_run_dir(path)  # a directory that appeared in between must still be empty
+        if not path.is_dir():  # a dangling symlink
+            raise UsageError(f"--out {path}: exists and is not a directory; choose a new path") from None
         return False
     except OSError as err:
         raise _cannot(path, err, "create the run directory") from None
