@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator
-
 from urllib.parse import urlsplit
 
 import anyio
@@ -357,6 +356,7 @@ def execute_run(
     console = console or Console()
     loaded = load_workload(options.workload)
     headers = _headers(options)
+    secrets = [value.removeprefix("Bearer ") for value in headers.values()]
     name = options.name or loaded.workload.name
     ensure_open_files(options.concurrency or options.sessions)
     run_dir, created = _run_dir(options, name)  # before a simulator starts or a target is asked anything
@@ -365,13 +365,13 @@ def execute_run(
         try:
             if options.base_url is None:
                 # The directory exists before the simulator starts, so its log lands in it.
-                writer = RunWriter(run_dir)
+                writer = RunWriter(run_dir, secrets=secrets)
                 base_url = stack.enter_context(_embedded_sim(options, run_dir, console))
                 target = resolve_target(base_url, options.model, headers, embedded=True, sim_args=[*EMBEDDED_SIM_ARGS, *options.sim_args])
             else:
                 base_url = options.base_url
                 target = resolve_target(base_url, options.model, headers, embedded=False, sim_args=[])
-                writer = RunWriter(run_dir)
+                writer = RunWriter(run_dir, secrets=secrets)
             manifest = Manifest(
                 name=name,
                 run_id=run_dir.name,

@@ -15,7 +15,7 @@ import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import Callable, Sequence, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -32,6 +32,7 @@ RECORDS = (MANIFEST, SESSIONS, SUMMARY, METRICS)
 """The files a run's outputs (reports, JUnit) must never overwrite; raw/ is protected as well."""
 RESERVE = ".space-reserve"
 RESERVE_BYTES = 1 << 20
+REDACTED = b"[REDACTED]"
 """Freed when the disk fills, for the in-flight sessions' records and summary.json."""
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
@@ -136,10 +137,13 @@ class RunWriter:
     should stop the run; `lost` counts the session records that could not be written even then.
     """
 
-    def __init__(self, path: Path, *, reserve_bytes: int = RESERVE_BYTES) -> None:
+    def __init__(self, path: Path, *, reserve_bytes: int = RESERVE_BYTES, secrets: Sequence[str] = ()) -> None:
         self.path = Path(path)
         self.full: OSError | None = None
         self.lost = 0
+        # A server may echo the key back ("invalid key sk-…"): it is cut out of everything written here.
+        self._secrets = [form for secret in secrets if secret
+                         for form in {secret.encode(), json.dumps(secret)[1:-1].encode()}]
         check_new_run_dir(self.path)
         try:
             (self.path / RAW).mkdir(parents=True, exist_ok=True)
@@ -158,6 +162,11 @@ class RunWriter:
             self.discard()
             raise _cannot(self.path, err, f"keep {reserve_bytes} bytes free for the summary") from None
 
+    def _scrub(self, data: bytes) -> bytes:
+        for secret in self._secrets:
+            data = data.replace(secret, REDACTED)
+        return data
+
     def _failed(self, err: OSError) -> None:
         """The first failed write: remember it, and give the reserve back for what must still be saved."""
         if self.full is None:
@@ -172,12 +181,12 @@ class RunWriter:
             write()
 
     def write_manifest(self, manifest: Manifest) -> None:
-        text = manifest.model_dump_json(indent=2) + "\n"
+        text = self._scrub(manifest.model_dump_json(indent=2).encode()).decode() + "\n"
         self._retry(lambda: _atomic_write(self.path / MANIFEST, text))
 
     def append_session(self, record: SessionRecord) -> bool:
         """Append one line, whole or not at all; False when it could not be written (counted in `lost`)."""
-        data = (record.model_dump_json() + "\n").encode("utf-8")
+        data = self._scrub(record.model_dump_json().encode("utf-8")) + b"\n"
         try:
             self._retry(lambda: _append(self._fd, data))
         except OSError:
@@ -192,7 +201,7 @@ class RunWriter:
         target = self.path / rel
         try:
             with open(target, "wb") as fh:
-                _write_all(fh.fileno(), data)
+                _write_all(fh.fileno(), self._scrub(data))
                 os.fsync(fh.fileno())
         except OSError as err:
             target.unlink(missing_ok=True)
@@ -201,7 +210,7 @@ class RunWriter:
         return rel
 
     def write_summary(self, summary: Summary) -> None:
-        text = summary.model_dump_json(indent=2) + "\n"
+        text = self._scrub(summary.model_dump_json(indent=2).encode()).decode() + "\n"
         self._retry(lambda: _atomic_write(self.path / SUMMARY, text))
 
     def close(self) -> None:

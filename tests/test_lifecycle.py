@@ -197,6 +197,20 @@ def test_a_key_with_a_carriage_return_is_a_usage_error_that_never_shows_it(
     assert "very-secret" not in out + err and not (tmp_path / "run").exists()
 
 
+def test_a_key_echoed_by_the_server_is_never_written(faulty: str, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    done = subprocess.run([*REPRO, "run", "--base-url", f"{faulty}/echokey/v1", "--api-key-env", "REPRO_KEY",
+                           "--sessions", "2", "--out", str(out)],
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "REPRO_KEY": "sk-echo-me"})
+    assert done.returncode == 0, done.stderr
+    assert "sk-echo-me" not in done.stdout + done.stderr
+    run = load_run(out)
+    assert [s.outcome for s in run.sessions] == ["error", "error"]
+    raw = [out / turn.raw_path for s in run.sessions for turn in s.turns if turn.raw_path]
+    assert raw and all(b"invalid credentials: Bearer [REDACTED]" in path.read_bytes() for path in raw)
+    assert not [path for path in out.rglob("*") if path.is_file() and b"sk-echo-me" in path.read_bytes()]
+
+
 @pytest.mark.parametrize(
     ("url", "words"),
     [
