@@ -6,7 +6,7 @@ import contextlib
 import os
 import signal
 from types import FrameType
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import yaml
 from pydantic import ValidationError
@@ -172,7 +172,7 @@ class UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-def load_yaml(text: str, *, source: str, loader: type[yaml.SafeLoader] = UniqueKeyLoader) -> object:
+def load_yaml(text: str, *, source: str, loader: type[yaml.SafeLoader] = UniqueKeyLoader) -> Any:
     """Parse YAML, turning every way it can fail (syntax, a duplicate key, nesting too deep for the
     parser's recursion) into one UsageError line that names `source`."""
     try:

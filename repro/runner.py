@@ -104,7 +104,9 @@ class RunOptions(BaseModel):
                 "put the key in an environment variable and pass --api-key-env"
             )
         if "?" in value or "#" in value:
-            raise ValueError("must not have a query string or fragment: /models and /chat/completions are appended to it")
+            raise ValueError(
+                "must not have a query string or fragment: /models and /chat/completions are appended to it"
+            )
         Endpoint.parse(value)  # a ValueError names what else is wrong: no host, a bad port
         return value.rstrip("/")
 
@@ -271,9 +273,9 @@ def _unmake_run_dir(run_dir: Path, writer: RunWriter | None, created: bool) -> N
     """A start that failed leaves nothing that would block a rerun with the same --out. Only what this
     run made is removed: rmdir, not rmtree, so a directory that holds anything else stays."""
     with contextlib.suppress(OSError):
-        if writer is not None:
+        if writer is not None:  # else the directory may be another run's: touch none of its files
             writer.discard()
-        (run_dir / "sim.log").unlink(missing_ok=True)  # its tail is in the error already
+            (run_dir / "sim.log").unlink(missing_ok=True)  # its tail is in the error already
         if created:
             run_dir.rmdir()
 
@@ -367,7 +369,9 @@ def execute_run(
                 # The directory exists before the simulator starts, so its log lands in it.
                 writer = RunWriter(run_dir, secrets=secrets)
                 base_url = stack.enter_context(_embedded_sim(options, run_dir, console))
-                target = resolve_target(base_url, options.model, headers, embedded=True, sim_args=[*EMBEDDED_SIM_ARGS, *options.sim_args])
+                target = resolve_target(
+                    base_url, options.model, headers, embedded=True, sim_args=[*EMBEDDED_SIM_ARGS, *options.sim_args]
+                )
             else:
                 base_url = options.base_url
                 target = resolve_target(base_url, options.model, headers, embedded=False, sim_args=[])
@@ -410,7 +414,9 @@ def execute_run(
         )
         try:
             with saving("the records of the sessions in flight, summary.json and report.html"):
-                records, interrupted, lag, duration = anyio.run(_drive, options, config, writer, console, live, base_url)
+                records, interrupted, lag, duration = anyio.run(
+                    _drive, options, config, writer, console, live, base_url
+                )
         except BaseException:
             writer.close()
             raise

@@ -305,9 +305,12 @@ def check_output(output: Path, run_dirs: list[Path], option: str) -> None:
             root = Path(run_dir).resolve()
             record = target.parent == root and target.name in RECORDS
             if record or target == root or target.is_relative_to(root / RAW):
-                raise UsageError(f"{option} {output}: would overwrite the records of run {run_dir}; choose another path")
+                raise UsageError(
+                    f"{option} {output}: would overwrite the records of run {run_dir}; choose another path"
+                )
     except (OSError, RuntimeError) as err:  # RuntimeError: a symlink loop, on Python 3.11
-        raise UsageError(f"{option} {output}: cannot resolve the path: {getattr(err, 'strerror', None) or err}") from None
+        why = getattr(err, "strerror", None) or err
+        raise UsageError(f"{option} {output}: cannot resolve the path: {why}") from None
 
 
 def slug(text: str) -> str:

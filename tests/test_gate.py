@@ -30,7 +30,8 @@ def check(result, name: str):
 
 def test_clean_run_under_the_limit_passes(tmp_path: Path) -> None:
     result = evaluate(make_run(tmp_path / "r", clean=60), max_corruption_rate=0.1)
-    assert result.exit_code == 0 and statuses(result) == {"finished": "pass", "evidence": "pass", "corruption-rate": "pass"}
+    assert result.exit_code == 0
+    assert statuses(result) == {"finished": "pass", "evidence": "pass", "corruption-rate": "pass"}
     line = check(result, "corruption-rate").line
     assert line.startswith("corruption-rate: PASS: 0 of 60 completed sessions corrupt (0%)")
     assert "below 4.87% (95% upper bound), under the 10% allowed" in line

@@ -8,7 +8,6 @@ Real processes and real HTTP on 127.0.0.1 (the faulty servers); real signals; a 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -470,7 +469,8 @@ def test_duplicate_yaml_keys_are_refused_with_their_line(tmp_path: Path, capsys:
     line = text.count("\n") + 1
     first = next(i for i, row in enumerate(text.splitlines(), 1) if row.startswith("max_tokens:"))
     code, _, err = run_main(capsys, "run", "--workload", str(workload), "--base-url", NOWHERE)
-    one_line_error(code, err, 2, f"{workload}:{line}: not valid YAML: duplicate key 'max_tokens' (first at line {first})")
+    duplicate = f"{workload}:{line}: not valid YAML: duplicate key 'max_tokens' (first at line {first})"
+    one_line_error(code, err, 2, duplicate)
 
     spec = tmp_path / "m.yaml"
     spec_text = (ROOT / "matrices" / "sim_hicache_bf16.yaml").read_text(encoding="utf-8")
