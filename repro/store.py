@@ -32,8 +32,9 @@ RECORDS = (MANIFEST, SESSIONS, SUMMARY, METRICS)
 """The files a run's outputs (reports, JUnit) must never overwrite; raw/ is protected as well."""
 RESERVE = ".space-reserve"
 RESERVE_BYTES = 1 << 20
-REDACTED = b"[REDACTED]"
 """Freed when the disk fills, for the in-flight sessions' records and summary.json."""
+REDACTED = b"[REDACTED]"
+"""What a secret echoed by the server becomes in every file written (raw bytes included)."""
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 

@@ -174,10 +174,9 @@ def test_gate_after_sigterm_is_inconclusive_unless_partial_is_allowed(
     assert 3 <= recorded < 30
     code, text, _ = run_main(capsys, "gate", str(out), "--max-corruption-rate", "0.5")
     assert code == 125
-    assert text.splitlines()[0].startswith(
-        f"finished: INCONCLUSIVE: the run did not finish: the run was interrupted (2 sessions in flight); "
-        f"{recorded} sessions recorded"
-    ), text
+    first = text.splitlines()[0]
+    assert first.startswith("finished: INCONCLUSIVE: the run did not finish: the run was interrupted ("), text
+    assert f"sessions in flight); {recorded} sessions recorded" in first, text
     code, text, _ = run_main(capsys, "gate", str(out), "--max-corruption-rate", "0.9", "--allow-partial",
                              "--min-completed", "3")
     assert code == 0, text
@@ -308,7 +307,7 @@ def test_a_second_ctrl_c_does_not_abort_the_saving(faulty: str, tmp_path: Path) 
     assert proc.returncode == 130 and "Traceback" not in rest, rest
     run = load_run(out)
     assert run.summary is not None and run.summary.interrupted
-    assert run.summary.counts["interrupted"] == 4 == sum(s.outcome == "interrupted" for s in run.sessions)
+    assert run.summary.counts["interrupted"] == sum(s.outcome == "interrupted" for s in run.sessions) >= 1
     assert (out / "report.html").stat().st_size > 0 and "Report:" in stdout
 
 
