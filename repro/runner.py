@@ -115,7 +115,7 @@ class RunOptions(BaseModel):
     def _json_object(cls, value: Any) -> Any:
         if isinstance(value, str):
             try:
-                value = json.loads(value, parse_constant=_no_constant)
+                value = json.loads(value)
             except RecursionError:
                 raise ValueError(f"nested deeper than {MAX_EXTRA_BODY_DEPTH} levels") from None
             except ValueError as err:
@@ -169,10 +169,6 @@ class RunOptions(BaseModel):
             data = {str(key).replace("-", "_"): value for key, value in (loaded or {}).items()}
         data.update({key: value for key, value in overrides.items() if value is not None})
         return cls.parse(data, source=str(config) if config is not None else "options")
-
-
-def _no_constant(name: str) -> float:
-    raise ValueError(f"{name} is not JSON")
 
 
 def _depth(value: Any) -> int:
@@ -269,15 +265,31 @@ def _run_dir(options: RunOptions, name: str) -> tuple[Path, bool]:
     return new_run_dir(Path("reports"), f"{stamp}-{slug(name)}"), True
 
 
-def _unmake_run_dir(run_dir: Path, writer: RunWriter | None, created: bool) -> None:
-    """A start that failed leaves nothing that would block a rerun with the same --out. Only what this
-    run made is removed: rmdir, not rmtree, so a directory that holds anything else stays."""
-    with contextlib.suppress(OSError):
-        if writer is not None:  # else the directory may be another run's: touch none of its files
-            writer.discard()
-            (run_dir / "sim.log").unlink(missing_ok=True)  # its tail is in the error already
-        if created:
-            run_dir.rmdir()
+class _StartGuard:
+    """Until `done`, an exception removes what the run made, so nothing blocks a rerun with the same --out.
+
+    Entered first in the run's ExitStack, so it exits last: after the simulator stopped writing its log.
+    Only what this run made is removed (rmdir, not rmtree): a directory that holds anything else stays.
+    """
+
+    def __init__(self, run_dir: Path, created: bool) -> None:
+        self.run_dir = run_dir
+        self.created = created
+        self.writer: RunWriter | None = None
+        self.done = False
+
+    def __enter__(self) -> "_StartGuard":
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, err: BaseException | None, tb: object) -> None:
+        if kind is None or self.done:
+            return
+        with contextlib.suppress(OSError):
+            if self.writer is not None:  # else the directory may be another run's: touch none of its files
+                self.writer.discard()
+                (self.run_dir / "sim.log").unlink(missing_ok=True)  # its tail is in the error already
+            if self.created:
+                self.run_dir.rmdir()
 
 
 def ensure_open_files(connections: int) -> None:
@@ -360,45 +372,42 @@ def execute_run(
     headers = _headers(options)
     secrets = [value.removeprefix("Bearer ") for value in headers.values()]
     name = options.name or loaded.workload.name
+    run_dir, created = _run_dir(options, name)  # made now: before a simulator starts or a target is asked anything
     ensure_open_files(options.concurrency or options.sessions)
-    run_dir, created = _run_dir(options, name)  # before a simulator starts or a target is asked anything
-    writer: RunWriter | None = None
     with contextlib.ExitStack() as stack:
+        start = stack.enter_context(_StartGuard(run_dir, created))
+        if options.base_url is None:
+            # The directory exists before the simulator starts, so its log lands in it.
+            writer = start.writer = RunWriter(run_dir, secrets=secrets)
+            stack.callback(writer.close)
+            base_url = stack.enter_context(_embedded_sim(options, run_dir, console))
+            target = resolve_target(base_url, options.model, headers, embedded=True, sim_args=[*EMBEDDED_SIM_ARGS, *options.sim_args])
+        else:
+            base_url = options.base_url
+            target = resolve_target(base_url, options.model, headers, embedded=False, sim_args=[])
+            writer = start.writer = RunWriter(run_dir, secrets=secrets)
+            stack.callback(writer.close)
+        manifest = Manifest(
+            name=name,
+            run_id=run_dir.name,
+            command=list(sys.argv),
+            options=options.model_dump(mode="json"),
+            workload=loaded.manifest_entry(),
+            target={
+                "base_url": target.base_url,
+                "model": target.model,
+                "embedded": target.embedded,
+                **({"sim_args": target.sim_args} if target.embedded else {}),
+            },
+            server_info=target.server_info,
+            versions=_versions(),
+            started_at=_utc_now(),
+        )
         try:
-            if options.base_url is None:
-                # The directory exists before the simulator starts, so its log lands in it.
-                writer = RunWriter(run_dir, secrets=secrets)
-                base_url = stack.enter_context(_embedded_sim(options, run_dir, console))
-                target = resolve_target(
-                    base_url, options.model, headers, embedded=True, sim_args=[*EMBEDDED_SIM_ARGS, *options.sim_args]
-                )
-            else:
-                base_url = options.base_url
-                target = resolve_target(base_url, options.model, headers, embedded=False, sim_args=[])
-                writer = RunWriter(run_dir, secrets=secrets)
-            manifest = Manifest(
-                name=name,
-                run_id=run_dir.name,
-                command=list(sys.argv),
-                options=options.model_dump(mode="json"),
-                workload=loaded.manifest_entry(),
-                target={
-                    "base_url": target.base_url,
-                    "model": target.model,
-                    "embedded": target.embedded,
-                    **({"sim_args": target.sim_args} if target.embedded else {}),
-                },
-                server_info=target.server_info,
-                versions=_versions(),
-                started_at=_utc_now(),
-            )
             writer.write_manifest(manifest)
-        except BaseException as err:
-            stack.close()  # the simulator stops before its log is removed
-            _unmake_run_dir(run_dir, writer, created)
-            if isinstance(err, OSError):
-                raise UsageError(f"--out {run_dir}: cannot write: {err.strerror or err}") from None
-            raise
+        except OSError as err:
+            raise UsageError(f"--out {run_dir}: cannot write the manifest: {err.strerror or err}") from None
+        start.done = True
         config = SessionConfig(
             url=f"{base_url}/chat/completions",
             model=target.model,
@@ -412,14 +421,8 @@ def execute_run(
             extra_body=options.extra_body,
             headers=headers,
         )
-        try:
-            with saving("the records of the sessions in flight, summary.json and report.html"):
-                records, interrupted, lag, duration = anyio.run(
-                    _drive, options, config, writer, console, live, base_url
-                )
-        except BaseException:
-            writer.close()
-            raise
+        with saving("the records of the sessions in flight, summary.json and report.html"):
+            records, interrupted, lag, duration = anyio.run(_drive, options, config, writer, console, live, base_url)
     with saving("summary.json and report.html"):
         return _save(options, run_dir, writer, manifest, records, interrupted, lag, duration, console, report)
 
@@ -453,8 +456,6 @@ def _save(
         saved = "summary.json written"
     except OSError as err:
         saved = f"summary.json not written ({err.strerror or err})"
-    finally:
-        writer.close()
     if full is not None:
         console.print(final_view(summary, run_dir))
         kept = len(records) - writer.lost

@@ -27,8 +27,8 @@ from repro.records import FindingRecord, SessionRecord, TurnRecord
 from repro.transport import Endpoint, HTTPClient
 from repro.workload import Workload
 
-RawKeeper = Callable[[int, int, bytes], "str | None"]
-"""(session id, turn index, bytes) → path of the kept bytes relative to the run directory (None: not kept)."""
+RawKeeper = Callable[[int, int, bytes], str]
+"""(session id, turn index, bytes) → path of the kept bytes relative to the run directory."""
 
 
 @dataclass(frozen=True)
