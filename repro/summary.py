@@ -42,15 +42,11 @@ def summarize(
     loop_lag_s: Sequence[float] = (),
     duration_s: float = 0.0,
     interrupted: bool = False,
+    stop_reason: str | None = None,  # why an interrupted run stopped, when no signal stopped it (a full disk)
+    lost: int = 0,  # finished sessions that could not be written to sessions.jsonl
     min_completed: int = MIN_COMPLETED,
-    stop_reason: str | None = None,
-    lost: int = 0,
 ) -> Summary:
-    """The summary of a run from its session records.
-
-    `stop_reason` says why an interrupted run stopped when it was not a signal (the disk filled up);
-    `lost` counts finished sessions that could not be written to sessions.jsonl.
-    """
+    """The summary of a run from its session records."""
     tally = OutcomeCounts.of(sessions)
     clean, corrupt, timeout, error = tally.clean, tally.corrupt, tally.timeout, tally.error
     completed = tally.completed

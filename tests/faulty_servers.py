@@ -126,11 +126,11 @@ async def models(request: Request) -> Response:
 async def completions(request: Request) -> Response:
     mode = request.path_params["mode"]
     body = await request.json()
+    if mode == "http500":
+        return JSONResponse({"error": {"message": "internal failure (on purpose)"}}, status_code=500)
     if mode == "echokey":
         offered = request.headers.get("authorization", "")
         return JSONResponse({"error": {"message": f"invalid credentials: {offered}"}}, status_code=401)
-    if mode == "http500":
-        return JSONResponse({"error": {"message": "internal failure (on purpose)"}}, status_code=500)
     chunks, cid, whole = _plan(body, mode)
     turn = sum(1 for m in body.get("messages", []) if m.get("role") == "assistant")
     if not body.get("stream"):

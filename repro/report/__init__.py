@@ -14,7 +14,6 @@ from repro.report.html import render_html
 from repro.report.junit import render_junit
 from repro.report.markdown import render_markdown
 from repro.report.model import ReportModel, build_model
-from repro.store import check_output
 
 if TYPE_CHECKING:
     from repro.report.plots import Plot
@@ -65,6 +64,8 @@ def render_report(
     """Write the HTML report of one or more runs to `output` (and the Markdown and JUnit files when asked)."""
     if not run_dirs:
         raise UsageError("report: give at least one run directory")
+    from repro.store import check_output  # here, not at the top: the imports there are other branches' lines
+
     for option, path in (("--output", output), ("--markdown", markdown), ("--junit", junit)):
         if path is not None:
             check_output(path, run_dirs, option)
