@@ -64,7 +64,7 @@ def render_report(
     """Write the HTML report of one or more runs to `output` (and the Markdown and JUnit files when asked)."""
     if not run_dirs:
         raise UsageError("report: give at least one run directory")
-    from repro.store import check_output  # here, not at the top: the imports there are other branches' lines
+    from repro.store import check_output
 
     for option, path in (("--output", output), ("--markdown", markdown), ("--junit", junit)):
         if path is not None:
