@@ -461,6 +461,13 @@ def test_nan_from_yaml_config_is_refused(tmp_path: Path, capsys: pytest.CaptureF
     one_line_error(code, err, 2, "extra_body: NaN and Infinity are not JSON")
 
 
+def test_yaml_nested_past_the_parsers_recursion_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text("extra_body:\n  a: " + "[" * 5000 + "]" * 5000 + "\n", encoding="utf-8")
+    code, _, err = run_main(capsys, "run", "--config", str(config), "--base-url", NOWHERE)
+    one_line_error(code, err, 2, f"--config {config}: not usable YAML: nested too deeply")
+
+
 def test_duplicate_yaml_keys_are_refused_with_their_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     workload = tmp_path / "w.yaml"
     text = (ROOT / "experiments" / "agentic_coding.yaml").read_text(encoding="utf-8")
