@@ -52,6 +52,25 @@ def in_split(text: str, fmt: str = "v4") -> Workload:
     return run
 
 
+def _call(i: int, args: dict[str, Any]) -> dict[str, Any]:
+    return {"id": f"c{i}", "type": "function", "function": {"name": "f", "arguments": json.dumps(args)}}
+
+
+def many_calls(n: int) -> Workload:
+    """n/20 calls of one tool, all with different arguments: none is a duplicate of another."""
+    calls = [_call(i, {"a": str(i)}) for i in range(max(1, n // 20))]
+    return lambda: check({"role": "assistant", "content": "", "tool_calls": calls}, finish_reason="tool_calls", tools=_TOOLS)
+
+
+def calls_against_raw(n: int) -> Workload:
+    """n/200 calls lacking the invoke's parameter, then as many that have it, against a raw text of n/200 invokes."""
+    k = max(1, n // 200)
+    calls = [_call(i, {"b": "x"}) for i in range(k)] + [_call(k + i, {"a": str(i)}) for i in range(k)]
+    invoke = '<｜DSML｜invoke name="f">\n<｜DSML｜parameter name="a" string="true">1</｜DSML｜parameter>\n</｜DSML｜invoke>\n'
+    raw = "\n\n<｜DSML｜tool_calls>\n" + invoke * k + "</｜DSML｜tool_calls>"
+    return lambda: check({"role": "assistant", "content": "", "tool_calls": calls}, finish_reason="tool_calls", raw=raw)
+
+
 def in_stream(n: int) -> Workload:
     """Streamed tool-call deltas without an index: a new call (with an id) then its continuation, n/40 times."""
     chunks = []
@@ -95,6 +114,12 @@ FAMILIES: dict[str, Callable[[int], Workload]] = {
         _BLOCK + repeat('<｜DSML｜parameter name="a" string="true">x', n) + "</｜DSML｜invoke>\n</｜DSML｜tool_calls>"
     ),
     "stream-unindexed-calls": in_stream,
+    "many-distinct-calls": many_calls,
+    "quoted-bare-tags": lambda n: in_content(repeat('`<invoke name="f">` ', n)),
+    "raw-spans-and-invokes": lambda n: (
+        lambda raw: lambda: check({"role": "assistant", "content": "ok"}, finish_reason="stop", raw=raw)
+    )(repeat("`a` ", n // 2) + repeat('<｜DSML｜invoke name="f"/>', n // 2)),
+    "calls-against-raw": calls_against_raw,
 }
 
 
