@@ -2,12 +2,14 @@
 
 Each input line is an OpenAI `chat.completion` object or `{"message": …, "finish_reason": …}`, optionally with
 `"request": {"tools": […], "tool_choice": …}`. Exit 0 when every input is clean or suspect, 1 when any is
-corrupt (or suspect, with --strict), 2 on unreadable input, naming the line.
+corrupt (or suspect, with --strict), 2 on unreadable input, naming the line (not UTF-8, not JSON, nested
+too deeply, not a completion object, an unreadable path), 70 on an internal error, 130 when interrupted.
 """
 
 from __future__ import annotations
 
 import argparse
+import codecs
 import json
 import os
 import sys
@@ -29,6 +31,7 @@ _TERMINAL_UNSAFE = {
 EXIT_CLEAN = 0
 EXIT_CORRUPT = 1
 EXIT_UNREADABLE = 2
+EXIT_INTERNAL = 70  # sysexits' EX_SOFTWARE: a bug here must not pass for a verdict (0, 1) or bad input (2)
 
 
 class InputError(Exception):
@@ -69,11 +72,21 @@ def _turn(obj: Any, where: str, line: int) -> Turn:
 
 def read_turns(stream: IO[bytes], source: str) -> Iterator[Turn]:
     """Parse JSON lines lazily, so verdicts for good lines come out before a bad line stops the run."""
-    for number, raw in enumerate(stream, start=1):
+    number = 0
+    while True:
+        try:
+            raw = stream.readline()
+        except OSError as err:  # EIO and the like, mid-file: the input, not a bug, and not a verdict
+            raise InputError(f"cannot read {source} after line {number}: {err.strerror or err}") from None
+        if not raw:
+            return
+        number += 1
         where = f"{source}:{number}"
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as err:
+            if err.reason == "unexpected end of data" and not raw.endswith(b"\n"):
+                raise InputError(f"{where}: the last line ends inside a UTF-8 character (a torn line?)") from None
             raise InputError(f"{where}: not UTF-8 ({err.reason} at byte {err.start})") from None
         if not text.strip():
             continue
@@ -81,6 +94,10 @@ def read_turns(stream: IO[bytes], source: str) -> Iterator[Turn]:
             obj = json.loads(text)
         except ValueError as err:
             raise InputError(f"{where}: not valid JSON ({err})") from None
+        except RecursionError:
+            # The line's nesting is the response's structure, which a server or the harness wrote: the model's
+            # text reaches it only inside strings. A line nested past the parser's limit is damaged input.
+            raise InputError(f"{where}: JSON nested too deeply to read (about a thousand levels or more)") from None
         yield _turn(obj, where, number)
 
 
@@ -97,6 +114,8 @@ def run(path: str, *, strict: bool, out: IO[str], err: IO[str]) -> int:
     """Judge every line of `path`, write verdicts to `out` and the summary to `err`; return the exit code."""
     counts: Counter[str] = Counter()
     source = "<stdin>" if path == "-" else path
+    # Model text is mostly non-ASCII markup: where the output cannot encode it, write it as JSON escapes.
+    ascii_only = codecs.lookup(getattr(out, "encoding", None) or "utf-8").name != "utf-8"
     try:
         stream = _open(path)
         try:
@@ -104,7 +123,7 @@ def run(path: str, *, strict: bool, out: IO[str], err: IO[str]) -> int:
                 verdict = check(turn.message, finish_reason=turn.finish_reason, tools=turn.tools, tool_choice=turn.tool_choice)
                 counts[verdict.label] += 1
                 row = {"line": turn.line, "id": turn.response_id, **verdict.to_dict()}
-                out.write(json.dumps(row, ensure_ascii=False).translate(_TERMINAL_UNSAFE) + "\n")
+                out.write(json.dumps(row, ensure_ascii=ascii_only).translate(_TERMINAL_UNSAFE) + "\n")
         finally:
             if stream is not sys.stdin.buffer:
                 stream.close()
@@ -144,10 +163,17 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         sys.stderr.write("dsml-check: interrupted\n")
         code = 130
+    except MemoryError:
+        sys.stderr.write("dsml-check: internal error: out of memory\n")
+        code = EXIT_INTERNAL
     except BrokenPipeError:
         # The reader (e.g. `| head`) went away: stop quietly, and keep Python from complaining at exit.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         code = EXIT_CLEAN
+    except Exception as bug:  # noqa: BLE001 - whatever it is, `git bisect run` must not read it as a verdict
+        detail = " ".join(str(bug).split())
+        sys.stderr.write(f"dsml-check: internal error: {type(bug).__name__}: {detail}\n".translate(_TERMINAL_UNSAFE))
+        code = EXIT_INTERNAL
     sys.exit(code)
 
 

@@ -190,6 +190,8 @@ def _json_value(raw: str, *, position: int, rule: str) -> Any:
         return json.loads(raw)
     except ValueError as err:
         raise DSMLParseError(f"value is not valid JSON ({err.msg})", position=position, rule=rule) from None
+    except RecursionError:
+        raise DSMLParseError("value is nested too deeply to parse", position=position, rule=rule) from None
 
 
 def _parse_dsml_strict(text: str, tags: DsmlTags) -> list[ToolCall]:
@@ -294,7 +296,7 @@ def _parse_tolerant_body(body: str, offset: int, tags: DsmlTags, pats: _Tolerant
             # SGLang keeps the raw string when a string="false" value is not JSON (dsml-format.md §4).
             try:
                 args[key] = json.loads(raw)
-            except ValueError:
+            except (ValueError, RecursionError):
                 args[key] = raw
         last = end
     if body[last:].strip():

@@ -88,7 +88,7 @@ class ShownInvoke:
 def _json_keys(body: str) -> frozenset[str]:
     try:
         value = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):
         return frozenset()
     return frozenset(value) if isinstance(value, dict) else frozenset()
 

@@ -425,7 +425,7 @@ def _unescaped(text: str) -> str:
     """JSON text with its \\u escapes resolved, so an escaped sentinel (\\uff5cDSML\\uff5c) is seen."""
     try:
         return json.dumps(json.loads(text), ensure_ascii=False)
-    except ValueError:
+    except (ValueError, RecursionError):
         return text
 
 

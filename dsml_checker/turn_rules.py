@@ -42,7 +42,7 @@ def parsed_args(args: Any) -> dict[str, Any] | None:
     if isinstance(args, str):
         try:
             value = json.loads(args) if args.strip() else {}
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
         return value if isinstance(value, dict) else None
     return None

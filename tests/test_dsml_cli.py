@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -157,3 +158,81 @@ def test_rules_can_be_listed_and_a_file_is_otherwise_required() -> None:
     assert [row.split()[0] for row in rows] == list(RULES)
     missing = dsml_check()
     assert missing.returncode == 2 and b"FILE" in missing.stderr and b"Traceback" not in missing.stderr
+
+
+GOOD_LINE = json.dumps({"message": {"content": "héllo ｜ world"}}, ensure_ascii=False).encode()
+
+
+def _damaged(tmp_path: Path, kind: str) -> Path:
+    path = tmp_path / f"{kind}.jsonl"
+    if kind == "torn-multibyte":  # a writer killed in the middle of a fullwidth bar
+        path.write_bytes(GOOD_LINE + b"\n" + GOOD_LINE[: GOOD_LINE.index("｜".encode()) + 1])
+    elif kind == "binary-tail":
+        path.write_bytes(GOOD_LINE + b"\n" + bytes(range(128, 256)) * 8)
+    elif kind == "not-utf8":
+        path.write_bytes(json.dumps({"message": {"content": "café"}}, ensure_ascii=False).encode("latin-1") + b"\n")
+    elif kind == "nested-bomb":  # json.loads raises RecursionError, not ValueError, on this
+        path.write_bytes(GOOD_LINE + b'\n{"message": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n")
+    elif kind == "directory":
+        path.mkdir()
+    return path
+
+
+@pytest.mark.parametrize(
+    ("kind", "fragment"),
+    [
+        ("torn-multibyte", ":2: the last line ends inside a UTF-8 character"),
+        ("binary-tail", ":2: not UTF-8"),
+        ("not-utf8", ":1: not UTF-8"),
+        ("nested-bomb", ":2: JSON nested too deeply to read"),
+        ("directory", "cannot read"),
+    ],
+)
+def test_damaged_input_exits_two_with_one_line(tmp_path: Path, kind: str, fragment: str) -> None:
+    done = dsml_check(str(_damaged(tmp_path, kind)))
+    err = done.stderr.decode()
+    assert done.returncode == 2, err
+    assert fragment in err and "Traceback" not in err and err.count("\n") == 1
+    if kind not in ("not-utf8", "directory"):
+        assert [v["label"] for v in lines(done)] == ["clean"]  # the good line before the damage was judged
+
+
+def test_a_read_error_mid_file_is_an_input_error() -> None:
+    # Reading /proc/self/mem from offset 0 fails with EIO: a real read error, not a bug and not a verdict.
+    done = dsml_check("/proc/self/mem")
+    err = done.stderr.decode()
+    assert done.returncode == 2 and "cannot read /proc/self/mem" in err and "Traceback" not in err, err
+
+
+def test_argument_json_bomb_is_a_verdict_not_a_crash() -> None:
+    row = {"message": {"tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "[" * 100_000}}]}}
+    done = dsml_check("-", stdin=json.dumps(row))
+    assert done.returncode == 1 and b"Traceback" not in done.stderr, done.stderr
+    (verdict,) = lines(done)
+    assert "args-not-object" in {f["rule"] for f in verdict["findings"]}
+
+
+def test_an_ascii_only_output_gets_json_escapes() -> None:
+    done = subprocess.run(
+        [*COMMAND, "-"], input=json.dumps({"message": {"content": "｜DSML｜ x"}}).encode(), capture_output=True,
+        timeout=60, env={**os.environ, "PYTHONIOENCODING": "ascii"},
+    )
+    assert done.returncode == 1 and b"Traceback" not in done.stderr, done.stderr
+    assert done.stdout.isascii() and "\\uff5cDSML\\uff5c" in done.stdout.decode()
+    assert json.loads(done.stdout)["label"] == "corrupt"
+
+
+def test_an_internal_error_has_its_own_exit_code() -> None:
+    # A bug cannot be produced on demand, so one is planted: the checker raises. `git bisect run` must not read
+    # the crash as "corrupt" (1), "clean" (0) or bad input (2).
+    plant = (
+        "import dsml_checker.cli as cli\n"
+        "def broken(*args, **kwargs):\n    raise RuntimeError('planted\\nfailure')\n"
+        "cli.check = broken\ncli.main(['-'])\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", plant], input=b'{"message": {"content": "ok"}}\n', capture_output=True, timeout=60
+    )
+    err = done.stderr.decode()
+    assert done.returncode == 70, err
+    assert err == "dsml-check: internal error: RuntimeError: planted failure\n"
