@@ -236,3 +236,74 @@ def test_an_internal_error_has_its_own_exit_code() -> None:
     err = done.stderr.decode()
     assert done.returncode == 70, err
     assert err == "dsml-check: internal error: RuntimeError: planted failure\n"
+
+
+RAW_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "read_file",
+            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
+        },
+    }
+]
+
+
+def _raw_rows() -> list[dict]:
+    from dsml_checker import render_completion
+
+    good = render_completion(reasoning="think", content="Reading.", calls=[ToolCall("read_file", {"path": "a.py"})])
+    call = {"id": "c", "type": "function", "function": {"name": "read_file", "arguments": json.dumps({"path": "a.py"})}}
+    request = {"tools": RAW_TOOLS}
+    return [
+        # raw and message agree, clean
+        {"message": {"content": "Done."}, "finish_reason": "stop", "raw": "Done.<｜end▁of▁sentence｜>"},
+        # hid: typographic quotes around the invoke name; the parser dropped the call, the message looks final
+        {"message": {"content": "Reading.", "reasoning_content": "think"}, "finish_reason": "stop", "request": request,
+         "raw": good.replace('name="read_file"', "name=“read_file”")},
+        # made: the raw text is clean, the parser returned its call twice
+        {"message": {"content": "Reading.", "reasoning_content": "think", "tool_calls": [call, call]},
+         "finish_reason": "tool_calls", "request": request, "raw": good},
+        # no raw text: judged as before
+        {"message": {"content": "ok"}, "finish_reason": "stop"},
+    ]
+
+
+def test_raw_text_next_to_the_message_gets_its_own_verdict() -> None:
+    done = dsml_check("-", stdin="\n".join(json.dumps(r, ensure_ascii=False) for r in _raw_rows()) + "\n")
+    assert done.returncode == 1, done.stderr
+    agree, hid, made, plain = lines(done)
+    assert (agree["label"], agree["parsed"], agree["raw"]["label"], agree["parser"]) == ("clean", "clean", "clean", None)
+    assert (hid["label"], hid["parsed"], hid["raw"]["label"], hid["parser"]) == ("corrupt", "clean", "corrupt", "hid")
+    assert hid["findings"] == [] and "raw-attr-quotes" in {f["rule"] for f in hid["raw"]["findings"]}
+    assert [f["rule"] for f in hid["lost"]["findings"]] == ["call-lost"]
+    assert (made["label"], made["parsed"], made["raw"]["label"], made["parser"]) == ("corrupt", "corrupt", "clean", "made")
+    assert [f["rule"] for f in made["findings"]] == ["duplicate-call"]
+    assert set(plain) == {"line", "id", "label", "findings"} and plain["label"] == "clean"
+    summary = done.stderr.decode()
+    assert "4 inputs: 2 clean, 2 corrupt, 0 suspect; with raw text 3: the parser hid 1, made 1" in summary
+
+
+def test_a_corrupt_raw_text_alone_makes_the_line_corrupt() -> None:
+    row = {"message": {"content": "Reading."}, "finish_reason": "stop", "raw": "Reading.\n\n<｜DSML｜tool_calls>\n<｜DSML｜inv"}
+    done = dsml_check("-", stdin=json.dumps(row, ensure_ascii=False))
+    assert done.returncode == 1
+    (verdict,) = lines(done)
+    assert verdict["parsed"] == "clean" and verdict["raw"]["label"] == "corrupt" and verdict["parser"] == "hid"
+
+
+def test_raw_text_in_another_format() -> None:
+    from dsml_checker import render_completion
+
+    raw = render_completion(reasoning=None, content="", calls=[ToolCall("read_file", {"path": "a.py"})], fmt="v31")
+    call = {"id": "c", "type": "function", "function": {"name": "read_file", "arguments": '{"path": "a.py"}'}}
+    row = {"message": {"content": "", "tool_calls": [call]}, "finish_reason": "tool_calls", "raw": raw}
+    line = json.dumps(row, ensure_ascii=False)
+    assert lines(dsml_check("--format", "v31", "-", stdin=line))[0]["label"] == "clean"
+    assert lines(dsml_check("-", stdin=line))[0]["raw"]["label"] == "corrupt"  # v4's grammar does not read it
+
+
+def test_raw_that_is_not_a_string_is_an_input_error() -> None:
+    done = dsml_check("-", stdin='{"message": {"content": "ok"}, "raw": ["not", "text"]}\n')
+    assert done.returncode == 2
+    assert '<stdin>:1: "raw" must be a string' in done.stderr.decode()
