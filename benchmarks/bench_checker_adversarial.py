@@ -15,7 +15,7 @@ import re
 import time
 from typing import Any, Callable
 
-from dsml_checker import StreamAccumulator, check, split_completion
+from dsml_checker import StreamAccumulator, check, check_raw, split_completion
 from dsml_checker.formats import DSMLParseError
 
 Workload = Callable[[], Any]
@@ -40,6 +40,10 @@ def in_reasoning(text: str) -> Workload:
 def in_arguments(text: str) -> Workload:
     call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": text}}
     return lambda: check({"role": "assistant", "content": None, "tool_calls": [call]}, finish_reason="tool_calls", tools=_TOOLS)
+
+
+def in_raw(text: str, fmt: str = "v4") -> Workload:
+    return lambda: check_raw(text, tools=_TOOLS, finish_reason="stop", fmt=fmt)
 
 
 def in_split(text: str, fmt: str = "v4") -> Workload:
@@ -120,6 +124,11 @@ FAMILIES: dict[str, Callable[[int], Workload]] = {
         lambda raw: lambda: check({"role": "assistant", "content": "ok"}, finish_reason="stop", raw=raw)
     )(repeat("`a` ", n // 2) + repeat('<｜DSML｜invoke name="f"/>', n // 2)),
     "calls-against-raw": calls_against_raw,
+    "raw-lt-spaces": lambda n: in_raw("<" + " " * n),
+    "raw-spaced-sentinel": lambda n: in_raw(repeat("< ｜ DSML ｜ ", n)),
+    "raw-tool-token": lambda n: in_raw(repeat("<｜tool▁", n), fmt="v3"),
+    "raw-block-of-fragments": lambda n: in_raw("\n\n<｜DSML｜tool_calls>\n" + repeat("</｜DSML｜x", n)),
+    "raw-unclosed-invokes": lambda n: in_raw("\n\n<｜DSML｜tool_calls>\n" + repeat('<｜DSML｜invoke name="f">\n', n)),
 }
 
 

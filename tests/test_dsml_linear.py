@@ -75,7 +75,7 @@ ANCHORS = ["<", "</", "<｜", "｜", "|", "DSML", "<｜DSML｜", "</｜DSML｜",
 pieces = st.lists(st.sampled_from(FRAGMENTS), max_size=5).map("".join)
 heads = st.tuples(pieces, st.sampled_from(ANCHORS)).map("".join)
 units = st.lists(st.one_of(st.sampled_from([" ", "\t", "\n"]), st.sampled_from(FRAGMENTS)), min_size=1, max_size=3).map("".join)
-PLACES = ("content", "reasoning", "arguments", "arguments-json", "split-v4", "split-v31")
+PLACES = ("content", "reasoning", "arguments", "arguments-json", "split-v4", "split-v31", "raw-v4", "raw-block", "raw-v3")
 
 
 def _workload(place: str, text: str) -> Workload:
@@ -87,6 +87,12 @@ def _workload(place: str, text: str) -> Workload:
         return bench.in_arguments(text)
     if place == "arguments-json":
         return bench.in_arguments(json.dumps({"a": text}))
+    if place == "raw-v4":
+        return bench.in_raw(text)
+    if place == "raw-block":
+        return bench.in_raw("Calling.\n\n<｜DSML｜tool_calls>\n" + text)
+    if place == "raw-v3":
+        return bench.in_raw(text, fmt="v3")
     return bench.in_split("<｜DSML｜tool_calls>" + text, fmt=place.removeprefix("split-"))
 
 
