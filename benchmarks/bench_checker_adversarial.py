@@ -20,7 +20,8 @@ from dsml_checker.formats import DSMLParseError
 
 Workload = Callable[[], Any]
 
-_TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "string"}}}}}]
+_SCHEMA = {"type": "object", "properties": {"a": {"type": "string"}}}
+_TOOLS = [{"type": "function", "function": {"name": "f", "parameters": _SCHEMA}}]
 _BLOCK = '<｜DSML｜tool_calls>\n<｜DSML｜invoke name="f">\n'
 
 
@@ -113,7 +114,7 @@ FAMILIES: dict[str, Callable[[int], Workload]] = {
     "backtick-runs": lambda n: in_content(repeat("`` ` ``` ", n)),
     "xml-param-string": lambda n: in_content("<parameter name=" + repeat(" string", n)),
     "escaped-bars-args": lambda n: in_arguments(json.dumps({"a": repeat("\\uff5c", n)})),
-    "repeated-lines": lambda n: in_content("<｜DSML｜invoke\n" + "".join(f"line number {i % 200} is here\n" for i in range(n // 22))),
+    "repeated-lines": lambda n: in_content("<｜DSML｜invoke\n" + "".join(f"line {i % 200} said again\n" for i in range(n // 20))),
     "parse-unclosed-params": lambda n: in_split(
         _BLOCK + repeat('<｜DSML｜parameter name="a" string="true">x', n) + "</｜DSML｜invoke>\n</｜DSML｜tool_calls>"
     ),
