@@ -21,11 +21,14 @@ from dsml_checker.text_rules import quoted_spans
 # replay, cut short, at least _REPLAY_CUT_MIN long.
 _REPLAY_MIN = 48
 _REPLAY_CUT_MIN = 200
+_REPLAY_TRIES = 4
 # resent-prefix: a first chunk re-sent once counts from this length; shorter ones need a second re-send.
 _RESEND_ONCE_MIN = 12
 _RESEND_WHOLE_MIN = 8  # the whole field exactly twice
 _RESEND_SHORT_MIN = 3
-_RESEND_SCAN = 4096  # a re-sent buffer starts at the start: look no further for its first copy
+# A re-sent buffer starts at the start and its first chunk is short: look no further for the copies (a long
+# answer repeated whole is `duplicated-output`'s).
+_RESEND_SCAN = 512
 _RESEND_TRIES = 32
 _XML_TAGS = ("<invoke", "<parameter")
 
@@ -79,14 +82,17 @@ def reasoning_replayed(content: str, reasoning: str) -> Finding | None:
     core = reasoning.strip()
     if len(core) < _REPLAY_MIN or len(content) < _REPLAY_MIN:
         return None
-    at = content.find(core)
-    if at >= 0:
-        return make_finding("reasoning-replayed", "content", content, at, at + len(core))
-    at = content.find(core[:_REPLAY_MIN])
-    if at >= 0:
+    head = core[:_REPLAY_MIN]
+    at = content.find(head)
+    tries = _REPLAY_TRIES
+    while at >= 0 and tries:
+        if content.startswith(core, at):
+            return make_finding("reasoning-replayed", "content", content, at, at + len(core))
         rest = content[at:].rstrip()
         if len(rest) >= _REPLAY_CUT_MIN and core.startswith(rest):
             return make_finding("reasoning-replayed", "content", content, at, len(content))
+        at = content.find(head, at + 1)
+        tries -= 1
     return None
 
 
@@ -106,9 +112,12 @@ def _grows(text: str, first: int, tries: int) -> bool:
 
 
 def _resend_at(text: str, first: int) -> bool:
+    # The chunk's last characters must recur just before 2 * first: a cheap test that rejects most candidates.
+    tail = min(4, first)
+    if text[2 * first - tail : 2 * first] != text[first - tail : first]:
+        return False
     head = text[:first]
-    unit = repeat_unit(head)
-    if not text.startswith(head, first) or 0 < 2 * unit <= first or not any(c.isalnum() for c in head):
+    if not text.startswith(head, first) or 0 < 2 * repeat_unit(head) <= first or not any(c.isalnum() for c in head):
         return False
     if len(text) >= 3 * first and text[first:] == text[:-first]:
         return False  # one chunk three times or more and nothing else: a loop or a repeated block, not a buffer
@@ -127,9 +136,13 @@ def resent_prefix(text: str) -> int:
     """
     if len(text) < 2 * _RESEND_SHORT_MIN:
         return 0
-    for first in range(_RESEND_SHORT_MIN, min(_RESEND_WHOLE_MIN, len(text) // 2 + 1)):
-        if _resend_at(text, first):
-            return first
+    # Short chunks first: only where their opening characters recur (one C-level search, not a call per length).
+    short = text[:_RESEND_SHORT_MIN]
+    at = text.find(short, _RESEND_SHORT_MIN, _RESEND_WHOLE_MIN + _RESEND_SHORT_MIN - 1)
+    while 0 <= at < _RESEND_WHOLE_MIN:
+        if 2 * at <= len(text) and _resend_at(text, at):
+            return at
+        at = text.find(short, at + 1, _RESEND_WHOLE_MIN + _RESEND_SHORT_MIN - 1)
     probe = text[:_RESEND_WHOLE_MIN]
     at = text.find(probe, _RESEND_WHOLE_MIN, _RESEND_SCAN)
     tries = _RESEND_TRIES
@@ -237,7 +250,7 @@ def scan_turn(
         first = resent_prefix(text)
         if first:
             findings.append(make_finding("resent-prefix", field, text, 0, 2 * first))
-        if schemas and ("<invoke" in text or "<parameter" in text):
+        if schemas and "<" in text and "name" in text and ("<invoke" in text or "<parameter" in text):
             vocabulary = tool_vocabulary(schemas) if vocabulary is None else vocabulary
             found = bare_tool_tags(text, field, *vocabulary)
             if found is not None:

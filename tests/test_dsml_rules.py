@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from dsml_checker import RULES, ToolCall, check, render_calls, render_completion
-from dsml_checker.formats import EOS
 from dsml_checker.findings import Verdict
+from dsml_checker.formats import EOS
 
 TOOLS = [
     {
