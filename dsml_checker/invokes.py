@@ -82,6 +82,7 @@ class ShownInvoke:
     name: str
     params: frozenset[str]
     text: str
+    strings: tuple[tuple[str, str], ...] = ()  # (name, value) of its string="true" parameters, up to their closer
 
 
 def _json_keys(body: str) -> frozenset[str]:
@@ -109,6 +110,8 @@ def shown_invokes(raw: str, *, skip: list[tuple[int, int]] | None = None) -> lis
         if name is None:
             continue
         params: set[str] = set()
+        strings: list[tuple[str, str]] = []
+        open_string: tuple[str, int] | None = None  # a string="true" parameter whose value runs from here
         close = None
         j = i + 1
         while j < len(tags):  # this invoke's own tags, up to the next invoke tag: linear over the whole text
@@ -118,9 +121,16 @@ def shown_invokes(raw: str, *, skip: list[tuple[int, int]] | None = None) -> lis
                 close = later if later.closing else None
                 break
             if word == "parameter" and not later.closing:
-                key = attribute(raw, later.end, "name", min(len(raw), later.end + _HEAD_MAX))
+                limit = min(len(raw), later.end + _HEAD_MAX)
+                key = attribute(raw, later.end, "name", limit)
                 if key is not None:
                     params.add(key)
+                    value_at = raw.find(">", later.end, limit) + 1
+                    flag = raw[later.end : value_at]
+                    open_string = (key, value_at) if value_at and 'string="true"' in flag else None
+            elif word == "parameter" and raw.startswith(">", later.end) and open_string is not None:
+                strings.append((open_string[0], raw[open_string[1] : later.start]))
+                open_string = None
             j += 1
         if raw[head_end - 1] == "/":
             found.append(ShownInvoke(name, frozenset(), raw[tag.start : head_end + 1]))
@@ -128,5 +138,5 @@ def shown_invokes(raw: str, *, skip: list[tuple[int, int]] | None = None) -> lis
             body = raw[head_end + 1 : close.start]
             if not params and body.strip().startswith("{"):
                 params = set(_json_keys(body.strip()))
-            found.append(ShownInvoke(name, frozenset(params), raw[tag.start : close.end + 1]))
+            found.append(ShownInvoke(name, frozenset(params), raw[tag.start : close.end + 1], tuple(strings)))
     return found

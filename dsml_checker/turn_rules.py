@@ -12,7 +12,7 @@ from typing import Any
 
 from dsml_checker.findings import Finding, make_finding
 from dsml_checker.formats import SENTINEL, THINK_CLOSE
-from dsml_checker.invokes import attribute, shown_invokes
+from dsml_checker.invokes import ShownInvoke, attribute, shown_invokes
 from dsml_checker.schema import json_equal
 from dsml_checker.soft_rules import repeat_unit
 from dsml_checker.text_rules import quoted_spans
@@ -198,16 +198,17 @@ def _skip_spans(raw: str) -> list[tuple[int, int]]:
 
 def lost_calls(raw: str, calls: list[tuple[str, dict[str, Any] | None]]) -> list[Finding]:
     """`call-lost`: complete invokes the raw text shows, that no parsed call of that name answers;
-    `param-lost`: a parsed call without a parameter its invoke in the raw text shows.
+    `param-lost`: a parsed call without a parameter its invoke in the raw text shows; `value-cut`: a parsed
+    string argument cut short of the value the raw text shows (a closer inside it ended it early).
 
     A block repeated verbatim shows each invoke once (a parser that reads one copy lost nothing).
     """
-    shown: dict[str, list[frozenset[str]]] = {}
+    shown: dict[str, list[ShownInvoke]] = {}
     texts: set[str] = set()
     for invoke in shown_invokes(raw, skip=_skip_spans(raw)):
         if invoke.text not in texts:
             texts.add(invoke.text)
-            shown.setdefault(invoke.name, []).append(invoke.params)
+            shown.setdefault(invoke.name, []).append(invoke)
     parsed: dict[str, list[tuple[int, dict[str, Any] | None]]] = {}
     for i, (name, args) in enumerate(calls):
         parsed.setdefault(name, []).append((i, args))
@@ -217,17 +218,33 @@ def lost_calls(raw: str, calls: list[tuple[str, dict[str, Any] | None]]) -> list
         findings.append(_whole("call-lost", "tool_calls", ", ".join(lost)))
     for name, invokes in shown.items():
         # Each shown invoke, the fullest first, takes the first unused call of its name that has all its parameters.
-        unused = [(i, set(args)) for i, args in parsed.get(name, ()) if args is not None]
-        for params in sorted(invokes, key=len, reverse=True):
-            match = next((n for n, (_, keys) in enumerate(unused) if params <= keys), None)
+        unused = [(i, args) for i, args in parsed.get(name, ()) if args is not None]
+        for invoke in sorted(invokes, key=lambda shown_one: len(shown_one.params), reverse=True):
+            match = next((n for n, (_, args) in enumerate(unused) if invoke.params <= args.keys()), None)
             if match is not None:
-                unused.pop(match)
+                i, args = unused.pop(match)
+                cut = _cut_value(invoke, args)
+                if cut is not None and "value-cut" not in {f.rule for f in findings}:
+                    findings.append(_whole("value-cut", f"tool_calls[{i}].function.arguments", f"{name}.{cut}"))
             elif unused:
-                i, keys = unused[0]
-                missing = ", ".join(sorted(params - keys))
+                i, args = unused[0]
+                missing = ", ".join(sorted(invoke.params - args.keys()))
                 findings.append(_whole("param-lost", f"tool_calls[{i}].function.arguments", f"{name}: {missing}"))
                 return findings
     return findings
+
+
+def _cut_value(invoke: ShownInvoke, args: dict[str, Any]) -> str | None:
+    """The first string argument that the parser cut short: a proper prefix of the value the raw text shows.
+
+    Both sides are stripped first, since SGLang's detectors strip string values (real-parsers.md §1)."""
+    for key, shown_value in invoke.strings:
+        value = args.get(key)
+        if isinstance(value, str):
+            full, got = shown_value.strip(), value.strip()
+            if len(got) < len(full) and full.startswith(got):
+                return key
+    return None
 
 
 def scan_turn(

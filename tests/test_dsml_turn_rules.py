@@ -173,11 +173,12 @@ def test_a_faithful_parse_loses_nothing(calls: list[ToolCall], answer: str, stri
     parsed = split_completion(raw, mode="strict").calls
     if strip:  # SGLang's detectors strip string values: the keys are all there
         parsed = [ToolCall(c.name, {k: v.strip() if isinstance(v, str) else v for k, v in c.arguments.items()}) for c in parsed]
+    cross = {"call-lost", "param-lost", "value-cut"}
     found = rules({"content": answer, "tool_calls": structured(parsed)}, finish_reason="tool_calls", raw=raw)
-    assert not {"call-lost", "param-lost"} & set(found), found
+    assert not cross & set(found), found
     # A block repeated whole, read once (the recipe reads the first block only): nothing lost either.
     twice = raw.replace("<｜end▁of▁sentence｜>", "") + raw.split("</think>", 1)[1]
-    assert not {"call-lost", "param-lost"} & set(rules({"content": answer, "tool_calls": structured(parsed)}, raw=twice))
+    assert not cross & set(rules({"content": answer, "tool_calls": structured(parsed)}, raw=twice))
 
 
 @SETTINGS
@@ -201,3 +202,23 @@ def test_a_dropped_parameter_is_caught(calls: list[ToolCall], answer: str, data:
     cut = list(calls)
     cut[i] = ToolCall(calls[i].name, {k: v for k, v in calls[i].arguments.items() if k != key})
     assert "param-lost" in rules({"content": answer, "tool_calls": structured(cut)}, finish_reason="tool_calls", raw=raw)
+
+
+@SETTINGS
+@given(calls=calls_st, answer=answers, data=st.data())
+def test_a_value_cut_at_a_closer_inside_it_is_caught(calls: list[ToolCall], answer: str, data: st.DataObject) -> None:
+    """The recipe ends a string value at a parameter closer inside it (closer_in_argument), keeping the head."""
+    i = data.draw(st.integers(0, len(calls) - 1))
+    key = data.draw(keys)
+    value = data.draw(st.text(st.characters(exclude_categories=["Cs", "Cc", "Co", "Cn"], exclude_characters="｜|"), max_size=20)
+                      .filter(lambda v: len(v.strip()) >= 2))
+    calls = [*calls[:i], ToolCall(calls[i].name, {**calls[i].arguments, key: value}), *calls[i + 1 :]]
+    assume(_distinct(calls))
+    at = data.draw(st.integers(0, len(value.rstrip()) - 1))
+    assume(value[:at].strip() != value.strip())
+    damaged = dict(calls[i].arguments)
+    damaged[key] = value[:at] + "</｜DSML｜parameter" + value[at:]
+    raw = render_completion(reasoning="thinking", content=answer, calls=[*calls[:i], ToolCall(calls[i].name, damaged), *calls[i + 1 :]])
+    parsed = list(calls)
+    parsed[i] = ToolCall(calls[i].name, {**calls[i].arguments, key: value[:at]})
+    assert "value-cut" in rules({"content": answer, "tool_calls": structured(parsed)}, finish_reason="tool_calls", raw=raw)
