@@ -8,8 +8,10 @@ that accepts what they reject: any quote around a name, a JSON body, a closer in
 from __future__ import annotations
 
 import json
+from bisect import bisect_right
 from dataclasses import dataclass
-from typing import Iterator
+from itertools import accumulate
+from typing import Callable, Iterator
 
 from dsml_checker.formats import SENTINEL
 
@@ -17,6 +19,19 @@ _WORD_MAX = 24  # a DSML tag word is short: longer runs are prose, and this boun
 _NAME_MAX = 128
 _HEAD_MAX = 256  # an invoke opener's attributes end within this many characters, or it is not read
 _QUOTES = '"“”„‟″‘’‚‛«»「」＂\''
+
+
+def span_test(spans: list[tuple[int, int]]) -> Callable[[int], bool]:
+    """A test of whether an offset lies inside one of `spans`, in logarithmic time (spans may overlap)."""
+    ordered = sorted(spans)
+    starts = [lo for lo, _ in ordered]
+    reach = list(accumulate((hi for _, hi in ordered), max))
+
+    def inside(at: int) -> bool:
+        i = bisect_right(starts, at)
+        return i > 0 and reach[i - 1] > at
+
+    return inside
 
 
 @dataclass(frozen=True)
@@ -100,10 +115,10 @@ def shown_invokes(raw: str, *, skip: list[tuple[int, int]] | None = None) -> lis
     max tokens did not finish it.
     """
     tags = list(dsml_tags(raw))
-    spans = skip or []
+    skipped = span_test(skip or [])
     found: list[ShownInvoke] = []
     for i, tag in enumerate(tags):
-        if tag.closing or tag.word.strip() != "invoke" or any(lo <= tag.start < hi for lo, hi in spans):
+        if tag.closing or tag.word.strip() != "invoke" or skipped(tag.start):
             continue
         head_end = raw.find(">", tag.end, tag.end + _HEAD_MAX)
         name = None if head_end < 0 else attribute(raw, tag.end, "name", head_end)

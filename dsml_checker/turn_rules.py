@@ -8,12 +8,11 @@ Each scan is a bounded number of `str.find`/`startswith` calls: linear in the te
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Callable
 
 from dsml_checker.findings import Finding, make_finding
 from dsml_checker.formats import SENTINEL, THINK_CLOSE
-from dsml_checker.invokes import ShownInvoke, attribute, shown_invokes
-from dsml_checker.schema import json_equal
+from dsml_checker.invokes import ShownInvoke, attribute, shown_invokes, span_test
 from dsml_checker.soft_rules import repeat_unit
 from dsml_checker.text_rules import quoted_spans
 
@@ -31,6 +30,7 @@ _RESEND_SHORT_MIN = 3
 _RESEND_SCAN = 512
 _RESEND_TRIES = 32
 _XML_TAGS = ("<invoke", "<parameter")
+_MATCH_MAX = 256
 
 
 def _whole(rule: str, field: str, text: str) -> Finding:
@@ -65,16 +65,27 @@ def duplicate_call(calls: list[tuple[str, dict[str, Any] | None]]) -> Finding | 
 
     Zero-argument calls repeat legitimately (poll a clock, roll a die) and are not compared.
     """
-    seen: dict[str, list[dict[str, Any]]] = {}
+    seen: set[str] = set()
     for i, (name, args) in enumerate(calls):
         if not args:
             continue
-        earlier = seen.setdefault(name, [])
-        if any(json_equal(args, other) for other in earlier):
+        key = json.dumps([name, _canonical(args)], sort_keys=True, default=str)
+        if key in seen:
             text = json.dumps({"name": name, "arguments": args}, ensure_ascii=False, default=str)
             return _whole("duplicate-call", f"tool_calls[{i}]", text)
-        earlier.append(args)
+        seen.add(key)
     return None
+
+
+def _canonical(value: Any) -> Any:
+    """`value` with integral floats as ints, so that equal JSON (1 and 1.0, as json_equal has it) dumps alike."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _canonical(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_canonical(v) for v in value]
+    return value
 
 
 def reasoning_replayed(content: str, reasoning: str) -> Finding | None:
@@ -167,7 +178,7 @@ def tool_vocabulary(schemas: dict[str, Any]) -> tuple[frozenset[str], frozenset[
 def bare_tool_tags(text: str, field: str, names: frozenset[str], params: frozenset[str]) -> Finding | None:
     """`<invoke name="T">` or `<parameter name="P">` without the sentinel, naming one of the request's tools or
     their parameters, outside code spans and fences."""
-    quoted: list[tuple[int, int]] | None = None
+    quoted: Callable[[int], bool] | None = None
     for tag, vocabulary in zip(_XML_TAGS, (names, params)):
         at = text.find(tag)
         while at >= 0:
@@ -175,8 +186,8 @@ def bare_tool_tags(text: str, field: str, names: frozenset[str], params: frozens
             if text[end : end + 1] in (" ", "\t", "\n"):
                 name = attribute(text, end, "name", min(len(text), end + 160))
                 if name is not None and name in vocabulary:
-                    quoted = quoted_spans(text) if quoted is None else quoted
-                    if not any(lo <= at < hi for lo, hi in quoted):
+                    quoted = span_test(quoted_spans(text)) if quoted is None else quoted
+                    if not quoted(at):
                         return make_finding("bare-tool-tags", field, text, at, end + len(name) + 9)
             at = text.find(tag, end)
     return None
@@ -219,6 +230,8 @@ def lost_calls(raw: str, calls: list[tuple[str, dict[str, Any] | None]]) -> list
     for name, invokes in shown.items():
         # Each shown invoke, the fullest first, takes the first unused call of its name that has all its parameters.
         unused = [(i, args) for i, args in parsed.get(name, ()) if args is not None]
+        if len(unused) > _MATCH_MAX:
+            continue  # hundreds of calls of one name: counted above, not matched pair by pair (quadratic)
         for invoke in sorted(invokes, key=lambda shown_one: len(shown_one.params), reverse=True):
             match = next((n for n, (_, args) in enumerate(unused) if invoke.params <= args.keys()), None)
             if match is not None:

@@ -222,3 +222,21 @@ def test_a_value_cut_at_a_closer_inside_it_is_caught(calls: list[ToolCall], answ
     parsed = list(calls)
     parsed[i] = ToolCall(calls[i].name, {**calls[i].arguments, key: value[:at]})
     assert "value-cut" in rules({"content": answer, "tool_calls": structured(parsed)}, finish_reason="tool_calls", raw=raw)
+
+
+_MANY_CALLS = [{"function": {"name": "f", "arguments": json.dumps({"a": i})}} for i in range(5000)]
+_MANY_INVOKES = "r</think>" + "".join(
+    f'<｜DSML｜invoke name="f">\n<｜DSML｜parameter name="a" string="false">{i}</｜DSML｜parameter>\n</｜DSML｜invoke>' for i in range(5000)
+)
+
+
+def test_large_adversarial_turns_are_judged() -> None:
+    """Huge inputs for each new scan (quoted tags by the thousand, thousands of calls): near-linear, not quadratic."""
+    tools = [{"type": "function", "function": {"name": "x", "parameters": {"type": "object", "properties": {"p": {}}}}}]
+    assert "bare-tool-tags" not in check({"content": '`<invoke name="x">` ' * 20000}, tools=tools, finish_reason="stop").rules
+    assert "duplicate-call" not in check({"content": None, "tool_calls": _MANY_CALLS}).rules
+    assert check({"content": None, "tool_calls": _MANY_CALLS}, raw=_MANY_INVOKES).label == "clean"
+    quoted_invokes = "r</think>" + "`a` " * 20000 + '`<｜DSML｜invoke name="x"/>` ' * 20000
+    assert "call-lost" not in check({"content": "x"}, raw=quoted_invokes).rules
+    assert "resent-prefix" not in check({"content": "ab" * 200_000}).rules
+    assert "reasoning-replayed" in check({"content": "x" + "step one two. " * 20000, "reasoning_content": "step one two. " * 20000}).rules
