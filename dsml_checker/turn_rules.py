@@ -132,8 +132,13 @@ def _resend_at(text: str, first: int) -> bool:
         return False
     if len(text) >= 3 * first and text[first:] == text[:-first]:
         return False  # one chunk three times or more and nothing else: a loop or a repeated block, not a buffer
-    # Re-sent once, the copies are glued: a chunk ending in a blank before its copy reads as a repeated phrase.
-    if not head[-1].isspace() and (first >= _RESEND_ONCE_MIN or (first >= _RESEND_WHOLE_MIN and len(text) == 2 * first)):
+    if (head + head).find(head, 1) < first:
+        return False  # the chunk is itself a word or phrase repeated: prose repeating it, not a buffer
+    # Re-sent once, the copies are glued: a chunk ending in a blank before its copy reads as a repeated phrase,
+    # unless the field is nothing but two copies of several words.
+    if len(text) == 2 * first and first >= _RESEND_WHOLE_MIN and len(head.split()) > 1:
+        return True
+    if not head[-1].isspace() and first >= _RESEND_ONCE_MIN:
         return True
     return _grows(text, first, 4)
 
@@ -142,8 +147,9 @@ def resent_prefix(text: str) -> int:
     """Length of the first chunk of a re-sent streaming buffer ("Let me checkLet me check the…"), or 0.
 
     A server that re-sends its whole buffer on every chunk writes c1, c1c2, c1c2c3…: the text opens with a
-    chunk repeated at once. A chunk of 12+ characters re-sent once counts (or the whole field twice, from 8);
-    a shorter one must be re-sent twice, growing, so that a doubled word in prose stays clean.
+    chunk repeated at once. A chunk of 12+ characters re-sent once counts (or a field that is two copies of
+    several words, from 8 characters); a shorter one must be re-sent twice, growing, so that a doubled word in
+    prose stays clean.
     """
     if len(text) < 2 * _RESEND_SHORT_MIN:
         return 0
