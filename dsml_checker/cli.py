@@ -38,7 +38,7 @@ EXIT_CORRUPT = 1
 EXIT_UNREADABLE = 2
 _RANK = {"clean": 0, "suspect": 1, "corrupt": 2}
 # Rules comparing the parsed message with the raw text: what the parse lost, which no agent sees in the message.
-CROSS_RULES = frozenset({"call-lost", "param-lost"})
+CROSS_RULES = frozenset({"call-lost", "param-lost", "value-cut"})
 
 EXIT_INTERNAL = 70  # sysexits' EX_SOFTWARE: a bug here must not pass for a verdict (0, 1) or bad input (2)
 

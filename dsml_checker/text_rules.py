@@ -10,7 +10,7 @@ import bisect
 import itertools
 import json
 import re
-from typing import Iterable, Iterator
+from typing import Iterator
 
 from dsml_checker.findings import Finding, make_finding
 from dsml_checker.formats import SENTINEL
@@ -155,40 +155,28 @@ def _quoted_regions(text: str) -> list[tuple[int, int]]:
     return (_fenced_blocks(text) if tilde else []) + [(a - 1, b) for a, b in zip(ticks[0::2], ticks[1::2])]
 
 
-class Spans:
-    """Spans that answer "is [start, end) inside one of them?" by bisection (a scan of every span per question
-    is quadratic when there are many of both)."""
-
-    __slots__ = ("_starts", "_reach")
-
-    def __init__(self, spans: Iterable[tuple[int, int]]) -> None:
-        ordered = sorted(spans)
-        self._starts = [lo for lo, _ in ordered]
-        # Reach of the spans opened so far: [start, end) is inside iff some span opened at or before `start`
-        # reaches `end`.
-        self._reach = list(itertools.accumulate((hi for _, hi in ordered), max))
-
-    def covers(self, start: int, end: int) -> bool:
-        i = bisect.bisect_right(self._starts, start)
-        return i > 0 and self._reach[i - 1] >= end
-
-
 class _Collector:
     """Gathers one finding per rule and field, routing matches inside code spans to a single quoted-dsml."""
 
-    __slots__ = ("text", "field", "findings", "seen", "_quoted")
+    __slots__ = ("text", "field", "findings", "seen", "_starts", "_reach")
 
     def __init__(self, text: str, field: str) -> None:
         self.text = text
         self.field = field
         self.findings: list[Finding] = []
         self.seen: set[str] = set()
-        self._quoted: Spans | None = None
+        self._starts: list[int] | None = None
+        self._reach: list[int] = []
 
     def quoted(self, start: int, end: int) -> bool:
-        if self._quoted is None:
-            self._quoted = Spans(_quoted_regions(self.text))
-        return self._quoted.covers(start, end)
+        if self._starts is None:
+            regions = sorted(_quoted_regions(self.text))
+            self._starts = [lo for lo, _ in regions]
+            # Reach of the regions opened so far: [start, end) is quoted iff some region opened at or before
+            # `start` reaches `end`.
+            self._reach = list(itertools.accumulate((hi for _, hi in regions), max))
+        i = bisect.bisect_right(self._starts, start)
+        return i > 0 and self._reach[i - 1] >= end
 
     def add(self, rule: str, start: int, end: int, *, quotable: bool = True) -> bool:
         """Record `rule` at [start, end) unless already recorded; True when it counts (not quoted)."""
