@@ -6,7 +6,7 @@ A line with raw text gets three verdicts: on the message, on the raw text, and o
 is corrupt if any is, and the summary counts the damage the server's parser hid (raw text corrupt, message not)
 and made (raw text clean, message or parse corrupt). Exit 0 when every input is clean or suspect, 1 when any is
 corrupt (or suspect, with --strict), 2 on unreadable input, naming the line (not UTF-8, not JSON, nested
-too deeply, not a completion object, an unreadable path), 70 on an internal error, 130 when interrupted.
+too deeply, not a completion object, an unreadable path), 255 on an internal error, 130 when interrupted.
 """
 
 from __future__ import annotations
@@ -40,7 +40,9 @@ _RANK = {"clean": 0, "suspect": 1, "corrupt": 2}
 # Rules comparing the parsed message with the raw text: what the parse lost, which no agent sees in the message.
 CROSS_RULES = frozenset({"call-lost", "param-lost", "value-cut"})
 
-EXIT_INTERNAL = 70  # sysexits' EX_SOFTWARE: a bug here must not pass for a verdict (0, 1) or bad input (2)
+# A bug here must not pass for a verdict (0, 1) or bad input (2), and must be above 127 so that `git bisect run`
+# stops instead of marking the commit bad: the harness's internal-error code.
+EXIT_INTERNAL = 255
 
 
 class InputError(Exception):
@@ -191,7 +193,7 @@ def main(argv: list[str] | None = None) -> None:
         epilog="A line with raw text gets a verdict on the message (\"parsed\", with \"findings\"), on the raw text "
         '("raw") and on what the parse lost of it ("lost"); "label" is the worst, and "parser" says whether the '
         'server\'s parser "hid" damage (raw corrupt, message not) or "made" it (raw clean). Exit codes: 0 clean or '
-        "suspect, 1 corrupt (or suspect with --strict), 2 unreadable input (one line naming it), 70 internal error, "
+        "suspect, 1 corrupt (or suspect with --strict), 2 unreadable input (one line naming it), 255 internal error, "
         "130 interrupted.",
     )
     parser.add_argument(

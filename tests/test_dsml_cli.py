@@ -224,7 +224,7 @@ def test_an_ascii_only_output_gets_json_escapes() -> None:
 
 def test_an_internal_error_has_its_own_exit_code() -> None:
     # A bug cannot be produced on demand, so one is planted: the checker raises. `git bisect run` must not read
-    # the crash as "corrupt" (1), "clean" (0) or bad input (2).
+    # the crash as "corrupt" (1), "clean" (0) or bad input (2): 255 makes it stop.
     plant = (
         "import dsml_checker.cli as cli\n"
         "def broken(*args, **kwargs):\n    raise RuntimeError('planted\\nfailure')\n"
@@ -234,7 +234,7 @@ def test_an_internal_error_has_its_own_exit_code() -> None:
         [sys.executable, "-c", plant], input=b'{"message": {"content": "ok"}}\n', capture_output=True, timeout=60
     )
     err = done.stderr.decode()
-    assert done.returncode == 70, err
+    assert done.returncode == 255, err
     assert err == "dsml-check: internal error: RuntimeError: planted failure\n"
 
 
