@@ -23,13 +23,16 @@ _SENT = rf"{_BAR}[ \t]*{_DSML}[ \t]*{_BAR}"
 _DSML_WORDS = (b"dsml", "dſml".encode())  # what _DSML matches under re.I, ASCII-lowered
 
 SENTINEL_ANY_RE = re.compile(_SENT)
+# Blanks, an optional closing slash, blanks: written possessive, because `[ \t]*/?[ \t]*` can split a run of k
+# blanks between its two halves k ways, and a failed match tries them all (quadratic in a "<" and its blanks).
+_BLANKS_SLASH = r"[ \t]*+(?:/[ \t]*+)?"
 _VARIANT_RE = re.compile(
     rf"{_SENT}[ \t]*(?:tool_calls|function_calls|toolcalls|tool_use|invoke|invoca|parameter|calls|tool)", re.I
 )
 # A DSML-ish tag: closing slash, tag word, attributes up to the tag's end, and its ">" when present.
 # A tag whose sentinel itself is garbled (<｜DSLM｜invoke, <|DMSL|tool_calls>): a short word between bars.
 _GARBLED_TAG_RE = re.compile(
-    rf"<[ \t]*/?[ \t]*{_BAR}[ \t]*[a-z]{{2,8}}[ \t]*{_BAR}[ \t]*(?:tool_calls|function_calls|toolcalls|tool_use|invoke|invoca|parameter|calls)",
+    rf"<{_BLANKS_SLASH}{_BAR}[ \t]*[a-z]{{2,8}}[ \t]*{_BAR}[ \t]*(?:tool_calls|function_calls|toolcalls|tool_use|invoke|invoca|parameter|calls)",
     re.I,
 )
 _LT_BAR_RE = re.compile(r"<[ \t]*[｜|‖]")
@@ -46,7 +49,7 @@ _PARAM = "[pP][aA][rR][aA][mM][a-zA-Z_]*+"
 # (7) an invoke or parameter opener's text up to its name attribute's closing quote, (8) that name.
 # Each optional part is written (?:...|), not (?:...)?: a repeat saves every group's mark, a branch does not.
 _TAG_SCAN_RE = re.compile(
-    rf"<([ \t]*/)?[ \t]*{_SENT}[ \t]*(?:({_INV})|({_PARAM})|[a-zA-Z_]*)"
+    rf"<([ \t]*+/)?[ \t]*+{_SENT}[ \t]*(?:({_INV})|({_PARAM})|[a-zA-Z_]*)"
     r"(?(1)"
     rf"(?(3)(?:(?=([^<>]*>\s*[^\s<][^<]*{_TAG_OPEN}{_PARAM}))|))"
     r"|"
@@ -68,7 +71,7 @@ _PLACEHOLDER_RE = re.compile(r"\$(?:TOOL_NAME|PARAMETER_NAME|PARAMETER_VALUE)")
 # does not open a well-spelt DSML tag.
 _LT_RE = re.compile(
     r"<(?:(parameter\s+name\s*=[^<>]*?\bstring\s*=)|(/?function_calls>|invoke\s+name\s*=|/invoke>|function>\s*<name>)"
-    rf"|(/?think>)|(?!/?{SENTINEL})([ \t]*/?[ \t]*[｜|‖]))"
+    rf"|(/?think>)|(?!/?{SENTINEL})({_BLANKS_SLASH}[｜|‖]))"
 )
 # At a "<" and a bar, the three special-token patterns at once: one match call instead of three, each group
 # holding what that pattern alone would match there.
@@ -209,7 +212,10 @@ def _variants(text: str, lowered: bytes) -> Iterator[re.Match[str]]:
             found[i], last = chars, at
     done = 0  # finditer's matches do not overlap: none may start before the previous one ended
     for at in found:
-        bar_end = len(text[:at].rstrip(" \t")) if text[at - 1 : at] in (" ", "\t") else at
+        # Back over the blanks before the word (not text[:at].rstrip: a copy of the prefix per word is quadratic).
+        bar_end = at
+        while bar_end and text[bar_end - 1] in " \t":
+            bar_end -= 1
         # A bar is one or two characters; the pattern tries the doubled bars first, as finditer would.
         for start in (bar_end - 2, bar_end - 1):
             if start >= done and start >= 0:
@@ -407,7 +413,7 @@ def _unescaped(text: str) -> str:
     """JSON text with its \\u escapes resolved, so an escaped sentinel (\\uff5cDSML\\uff5c) is seen."""
     try:
         return json.dumps(json.loads(text), ensure_ascii=False)
-    except ValueError:
+    except (ValueError, RecursionError):
         return text
 
 
@@ -432,3 +438,8 @@ def scan_arguments(text: str, field: str) -> list[Finding]:
         if m is not None:
             return [make_finding("args-dsml", field, text, m.start(), m.end())]
     return []
+
+
+def quoted_spans(text: str) -> list[tuple[int, int]]:
+    """The Markdown code spans and fenced blocks of `text`: markup inside them is quoted, not leaked."""
+    return _quoted_regions(text)
