@@ -5,8 +5,11 @@ Run: `python benchmarks/parser_recall.py [--per-operator N] [--seed S] [--out do
 For each parser version the simulator emulates (dsml_checker.server_parsers.PARSERS) and each damage
 operator of repro.sim.corrupt, N faults (default 150, seeded) are made from the simulator's own answers
 to the agentic-coding workload (turns 0-6 of a session, the seventh a final answer, as the simulator's
-default `--final-after-turns 6` plays them). Each fault is judged twice:
-- parsed: `dsml_checker.check` on the message the server's parser makes of the damaged text;
+default `--final-after-turns 6` plays them). Each fault is judged three ways:
+- parsed: `dsml_checker.check` on the message the server's parser makes of the damaged text (what a
+  client sees, and what `repro run --observe parsed` judges);
+- parsed+raw: the same with `check(raw=)`, whose cross rules compare the parsed calls with the invokes
+  the raw text shows (`call-lost`, `param-lost`);
 - raw: `dsml_checker.check_raw` on the damaged text itself.
 "hidden" is raw corrupt and parsed not; "made" is raw clean and parsed corrupt (a parser bug). The
 parser's effect (repro.sim.faults.parser_effect) is tallied too. The weighted total weighs each operator
@@ -51,14 +54,15 @@ def _answers(tools: list[dict[str, Any]], seed: int) -> Any:
         session += 1
 
 
-def _verdicts(raw: str, meant: str, parser: str, tools: list[dict[str, Any]]) -> tuple[bool, bool, str]:
-    """(parsed corrupt, raw corrupt, parser effect) for one damaged text and its undamaged original."""
+def _verdicts(raw: str, meant: str, parser: str, tools: list[dict[str, Any]]) -> tuple[bool, bool, bool, str]:
+    """(parsed, parsed+raw, raw corrupt, parser effect) for one damaged text and its undamaged original."""
     clean, _ = parse_output(meant, tools=tools, tool_choice="auto", parser=parser)
     got, reason = parse_output(raw, tools=tools, tool_choice="auto", parser=parser)
     message = Reply("r", "m", 0, got, reason, 0, 0, 0).message()
     parsed = check(message, finish_reason=reason, tools=tools, tool_choice="auto").label == "corrupt"
+    crossed = check(message, finish_reason=reason, tools=tools, tool_choice="auto", raw=raw).label == "corrupt"
     in_raw = check_raw(raw, tools=tools, tool_choice="auto", finish_reason=reason).label == "corrupt"
-    return parsed, in_raw, parser_effect(clean, got, visible=parsed)
+    return parsed, crossed, in_raw, parser_effect(clean, got, visible=parsed)
 
 
 def _damaged(op: str, tools: list[dict[str, Any]], count: int, seed: int) -> list[tuple[str, str]]:
@@ -85,6 +89,9 @@ def injection_weights(tools: list[dict[str, Any]], draws: int, seed: int) -> dic
     return {op: counts[op] / draws for op in OPERATORS}
 
 
+_SHARES = ("parsed", "crossed", "raw", "hidden", "made")
+
+
 def _pct(part: float, whole: float) -> str:
     return f"{100 * part / whole:.0f}%" if whole else "–"
 
@@ -92,7 +99,7 @@ def _pct(part: float, whole: float) -> str:
 def measure(parser: str, tools: list[dict[str, Any]], per_op: int, seed: int,
             weights: dict[str, float]) -> tuple[list[str], dict[str, float]]:
     """The Markdown table of one parser, and its weighted shares (parsed, raw, hidden, made)."""
-    header = ["operator", "weight", "n", "parsed catches", "raw catches", "hidden", "made",
+    header = ["operator", "weight", "n", "parsed catches", "parsed+raw catches", "raw catches", "hidden", "made",
               *(e for e in PARSER_EFFECTS if e != "visible")]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     total = collections.Counter[str]()
@@ -100,24 +107,25 @@ def measure(parser: str, tools: list[dict[str, Any]], per_op: int, seed: int,
         tally: collections.Counter[str] = collections.Counter()
         pairs = _damaged(op, tools, per_op, seed)
         for damaged, meant in pairs:
-            parsed, in_raw, effect = _verdicts(damaged, meant, parser, tools)
-            tally.update({"parsed": parsed, "raw": in_raw, "hidden": in_raw and not parsed,
+            parsed, crossed, in_raw, effect = _verdicts(damaged, meant, parser, tools)
+            tally.update({"parsed": parsed, "crossed": crossed, "raw": in_raw, "hidden": in_raw and not parsed,
                           "made": parsed and not in_raw, effect: 1})
         n = len(pairs)
-        for key in ("parsed", "raw", "hidden", "made"):
+        for key in _SHARES:
             total[key] += weights[op] * tally[key] / n
-        cells = [op, f"{100 * weights[op]:.1f}%", str(n), *(_pct(tally[k], n) for k in ("parsed", "raw", "hidden", "made")),
+        cells = [op, f"{100 * weights[op]:.1f}%", str(n), *(_pct(tally[k], n) for k in _SHARES),
                  *(_pct(tally[e], n) for e in PARSER_EFFECTS if e != "visible")]
         lines.append("| " + " | ".join(cells) + " |")
     clean = collections.Counter[str]()
     originals = [meant for _, meant in _damaged("repeated_text", tools, per_op, seed)]
     for meant in originals:
-        parsed, in_raw, _ = _verdicts(meant, meant, parser, tools)
-        clean.update({"parsed": parsed, "raw": in_raw})
-    lines.append(f"| none (clean answers) | – | {len(originals)} | {_pct(clean['parsed'], len(originals))} | "
-                 f"{_pct(clean['raw'], len(originals))} | – | – |" + " – |" * (len(PARSER_EFFECTS) - 1))
-    lines.append(f"| **weighted total** | 100% | – | **{100 * total['parsed']:.1f}%** | **{100 * total['raw']:.1f}%** | "
-                 f"**{100 * total['hidden']:.1f}%** | **{100 * total['made']:.1f}%** |" + " |" * (len(PARSER_EFFECTS) - 1))
+        parsed, crossed, in_raw, _ = _verdicts(meant, meant, parser, tools)
+        clean.update({"parsed": parsed, "crossed": crossed, "raw": in_raw})
+    n = len(originals)
+    lines.append(f"| none (clean answers) | – | {n} | " + " | ".join(_pct(clean[k], n) for k in ("parsed", "crossed", "raw"))
+                 + " | – | – |" + " – |" * (len(PARSER_EFFECTS) - 1))
+    lines.append("| **weighted total** | 100% | – | " + " | ".join(f"**{100 * total[k]:.1f}%**" for k in _SHARES)
+                 + " |" * len(PARSER_EFFECTS))
     return lines, dict(total)
 
 
@@ -137,17 +145,16 @@ def main(argv: list[str] | None = None) -> int:
     doc = ["# Parser recall: what each server parser hides from the parsed verdict", "",
            f"Generated by `{command} --out docs/parser-recall.md`; do not edit by hand.", "",
            *__doc__.split("\n\n", 1)[1].strip().splitlines(), "",
-           "Columns: *parsed catches* / *raw catches* are the shares of faults each verdict calls corrupt; "
+           "Columns: *parsed catches* / *parsed+raw catches* / *raw catches* are the shares of faults each verdict calls corrupt; "
            "*hidden* = raw corrupt, parsed not; *made* = raw clean, parsed corrupt; the last five columns say "
            "what the parser did with the faults the parsed verdict missed (absorbed: output identical to the "
            "undamaged answer's; dropped-call / duplicated: fewer / more calls; truncated: the same calls with "
            "other arguments; altered: the same calls, other reasoning or content).", ""]
-    summary = ["| parser | parsed catches | raw catches | hidden | made |", "|---|---|---|---|---|"]
+    summary = ["| parser | parsed catches | parsed+raw catches | raw catches | hidden | made |", "|---|---|---|---|---|---|"]
     for name in PARSERS:
         lines, total = measure(name, tools, args.per_operator, args.seed, weights)
         doc += [f"## {name}", "", *lines, ""]
-        summary.append(f"| {name} | {100 * total['parsed']:.1f}% | {100 * total['raw']:.1f}% | "
-                       f"{100 * total['hidden']:.1f}% | {100 * total['made']:.1f}% |")
+        summary.append(f"| {name} | " + " | ".join(f"{100 * total[k]:.1f}%" for k in _SHARES) + " |")
     doc += ["## Weighted totals", "", *summary, ""]
     text = "\n".join(doc)
     sys.stdout.write(text)

@@ -173,7 +173,7 @@ def test_a_parser_can_hide_damage_from_the_parsed_verdict() -> None:
     [
         ("sglang-0.5.23", "orphan_closer", "absorbed"),
         ("sglang-0.5.23", "typographic_quotes", "dropped-call"),
-        ("sglang-0.5.20", "repeated_text", "duplicated"),
+        ("sglang-0.5.20", "think_leak", "absorbed"),
         ("sglang-0.5.23", "closer_in_argument", "truncated"),
         ("sglang-0.5.23", "block_in_reasoning", "altered"),
         ("vllm-0.33", "ascii_bars", "visible"),
@@ -192,6 +192,16 @@ def test_the_fault_log_says_what_the_parser_did(parser: str, operator: str, effe
         visible = check(Reply("r", "m", 0, got, reason, 0, 0, 0).message(), finish_reason=reason, tools=TOOLS).label == "corrupt"
         effects.add(parser_effect(clean, got, visible=visible))
     assert effect in effects
+
+
+def test_more_calls_than_meant_is_a_duplication_unless_the_checker_sees_it() -> None:
+    meant, _ = parse_output(GOOD, tools=TOOLS, tool_choice="auto", parser="sglang-0.5.20")
+    doubled, _ = parse_output(GOOD.replace(EOS, "\n\n" + render_calls([CALL]) + EOS), tools=TOOLS, tool_choice="auto",
+                              parser="sglang-0.5.20")
+    assert len(doubled.calls) == 2
+    assert parser_effect(meant, doubled, visible=False) == "duplicated"
+    assert parser_effect(meant, doubled, visible=True) == "visible"
+    assert parser_effect(meant, meant, visible=False) == "absorbed"
 
 
 def test_damage_is_chosen_from_the_draw_alone() -> None:
