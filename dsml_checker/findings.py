@@ -52,6 +52,7 @@ RULES: dict[str, Rule] = {
     "empty-turn": Rule("hard", "no content and no tool calls with finish_reason stop (reasoning alone included): nothing to act on"),
     "call-lost": Rule("hard", "the raw text shows a complete invoke that the parsed message has no call for"),
     "param-lost": Rule("hard", "a parsed call lacks a parameter that its invoke in the raw text shows"),
+    "value-cut": Rule("hard", "a parsed string argument is a cut-short copy of the value the raw text shows (blanks aside)"),
     # soft (rules 10–11)
     "repetition-loop": Rule("soft", "a short unit repeats in a loop (0000…, repeated n-grams)"),
     "rare-chars": Rule("soft", "a run of replacement, control, private-use or other rare characters"),

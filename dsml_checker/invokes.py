@@ -8,8 +8,10 @@ that accepts what they reject: any quote around a name, a JSON body, a closer in
 from __future__ import annotations
 
 import json
+from bisect import bisect_right
 from dataclasses import dataclass
-from typing import Iterator
+from itertools import accumulate
+from typing import Callable, Iterator
 
 from dsml_checker.formats import SENTINEL
 
@@ -17,6 +19,19 @@ _WORD_MAX = 24  # a DSML tag word is short: longer runs are prose, and this boun
 _NAME_MAX = 128
 _HEAD_MAX = 256  # an invoke opener's attributes end within this many characters, or it is not read
 _QUOTES = '"“”„‟″‘’‚‛«»「」＂\''
+
+
+def span_test(spans: list[tuple[int, int]]) -> Callable[[int], bool]:
+    """A test of whether an offset lies inside one of `spans`, in logarithmic time (spans may overlap)."""
+    ordered = sorted(spans)
+    starts = [lo for lo, _ in ordered]
+    reach = list(accumulate((hi for _, hi in ordered), max))
+
+    def inside(at: int) -> bool:
+        i = bisect_right(starts, at)
+        return i > 0 and reach[i - 1] > at
+
+    return inside
 
 
 @dataclass(frozen=True)
@@ -82,6 +97,7 @@ class ShownInvoke:
     name: str
     params: frozenset[str]
     text: str
+    strings: tuple[tuple[str, str], ...] = ()  # (name, value) of its string="true" parameters, up to their closer
 
 
 def _json_keys(body: str) -> frozenset[str]:
@@ -99,16 +115,18 @@ def shown_invokes(raw: str, *, skip: list[tuple[int, int]] | None = None) -> lis
     max tokens did not finish it.
     """
     tags = list(dsml_tags(raw))
-    spans = skip or []
+    skipped = span_test(skip or [])
     found: list[ShownInvoke] = []
     for i, tag in enumerate(tags):
-        if tag.closing or tag.word.strip() != "invoke" or any(lo <= tag.start < hi for lo, hi in spans):
+        if tag.closing or tag.word.strip() != "invoke" or skipped(tag.start):
             continue
         head_end = raw.find(">", tag.end, tag.end + _HEAD_MAX)
         name = None if head_end < 0 else attribute(raw, tag.end, "name", head_end)
         if name is None:
             continue
         params: set[str] = set()
+        strings: list[tuple[str, str]] = []
+        open_string: tuple[str, int] | None = None  # a string="true" parameter whose value runs from here
         close = None
         j = i + 1
         while j < len(tags):  # this invoke's own tags, up to the next invoke tag: linear over the whole text
@@ -118,9 +136,16 @@ def shown_invokes(raw: str, *, skip: list[tuple[int, int]] | None = None) -> lis
                 close = later if later.closing else None
                 break
             if word == "parameter" and not later.closing:
-                key = attribute(raw, later.end, "name", min(len(raw), later.end + _HEAD_MAX))
+                limit = min(len(raw), later.end + _HEAD_MAX)
+                key = attribute(raw, later.end, "name", limit)
                 if key is not None:
                     params.add(key)
+                    value_at = raw.find(">", later.end, limit) + 1
+                    flag = raw[later.end : value_at]
+                    open_string = (key, value_at) if value_at and 'string="true"' in flag else None
+            elif word == "parameter" and raw.startswith(">", later.end) and open_string is not None:
+                strings.append((open_string[0], raw[open_string[1] : later.start]))
+                open_string = None
             j += 1
         if raw[head_end - 1] == "/":
             found.append(ShownInvoke(name, frozenset(), raw[tag.start : head_end + 1]))
@@ -128,5 +153,5 @@ def shown_invokes(raw: str, *, skip: list[tuple[int, int]] | None = None) -> lis
             body = raw[head_end + 1 : close.start]
             if not params and body.strip().startswith("{"):
                 params = set(_json_keys(body.strip()))
-            found.append(ShownInvoke(name, frozenset(params), raw[tag.start : close.end + 1]))
+            found.append(ShownInvoke(name, frozenset(params), raw[tag.start : close.end + 1], tuple(strings)))
     return found

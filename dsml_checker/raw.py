@@ -12,6 +12,9 @@ then, when there are calls, `\\n\\n<｜DSML｜tool_calls>\\n…\\n</｜DSML｜to
   cut at the very end is the info finding `raw-truncated`, never a hard one; only the complete invokes are
   checked against the tools, and `tool_choice="required"` is not held against a turn cut before its call.
   Any other finish reason (or None) means the text is complete: an unclosed block is `raw-block-unterminated`.
+- the block starts at the first `\n\n<｜DSML｜tool_calls` after `</think>`, as the reference parser reads it, even
+  inside a code fence; DSML elsewhere in the prose is judged by the text rules (quoted markup stays info).
+- a turn with no content and no calls is `empty-turn` (reasoning alone included), as in `check()`.
 
 Every departure from the grammar is a hard `raw-*` finding on the field "raw" (offsets into the text). The
 strictly parsed reasoning, content and calls then go through `check()` as the message a faithful parser
@@ -188,8 +191,13 @@ def _judge_block(block: str, at: int, fmt: str, truncated: bool, out: _Out) -> t
         tags = DSML_FORMATS[fmt]
         for tag in dsml_tags(block):
             if not _known_tag(block, tag.start, tag.closing, tag.word, tags, cut_ok=truncated):
-                param_like = tag.closing and tag.word.strip()[:5] == tags.parameter.strip()[:5]
-                out.add("raw-closer-in-value" if param_like else "raw-tag-fragment", at + tag.start, at + tag.end)
+                if tag.closing and tag.word.strip()[:5] == tags.parameter.strip()[:5]:
+                    rule = "raw-closer-in-value"
+                elif not tag.closing and _odd_quote_near(block, tag.end):
+                    rule = "raw-attr-quotes"
+                else:
+                    rule = "raw-tag-fragment"
+                out.add(rule, at + tag.start, at + tag.end)
     try:
         calls = parse_calls(block, mode="strict", fmt=fmt)
         end = len(block)

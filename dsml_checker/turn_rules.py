@@ -8,12 +8,11 @@ Each scan is a bounded number of `str.find`/`startswith` calls: linear in the te
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Callable
 
 from dsml_checker.findings import Finding, make_finding
 from dsml_checker.formats import SENTINEL, THINK_CLOSE
-from dsml_checker.invokes import attribute, shown_invokes
-from dsml_checker.schema import json_equal
+from dsml_checker.invokes import ShownInvoke, attribute, shown_invokes, span_test
 from dsml_checker.soft_rules import repeat_unit
 from dsml_checker.text_rules import quoted_spans
 
@@ -21,13 +20,17 @@ from dsml_checker.text_rules import quoted_spans
 # replay, cut short, at least _REPLAY_CUT_MIN long.
 _REPLAY_MIN = 48
 _REPLAY_CUT_MIN = 200
+_REPLAY_TRIES = 4
 # resent-prefix: a first chunk re-sent once counts from this length; shorter ones need a second re-send.
 _RESEND_ONCE_MIN = 12
 _RESEND_WHOLE_MIN = 8  # the whole field exactly twice
 _RESEND_SHORT_MIN = 3
-_RESEND_SCAN = 4096  # a re-sent buffer starts at the start: look no further for its first copy
+# A re-sent buffer starts at the start and its first chunk is short: look no further for the copies (a long
+# answer repeated whole is `duplicated-output`'s).
+_RESEND_SCAN = 512
 _RESEND_TRIES = 32
 _XML_TAGS = ("<invoke", "<parameter")
+_MATCH_MAX = 256
 
 
 def _whole(rule: str, field: str, text: str) -> Finding:
@@ -62,16 +65,27 @@ def duplicate_call(calls: list[tuple[str, dict[str, Any] | None]]) -> Finding | 
 
     Zero-argument calls repeat legitimately (poll a clock, roll a die) and are not compared.
     """
-    seen: dict[str, list[dict[str, Any]]] = {}
+    seen: set[str] = set()
     for i, (name, args) in enumerate(calls):
         if not args:
             continue
-        earlier = seen.setdefault(name, [])
-        if any(json_equal(args, other) for other in earlier):
+        key = json.dumps([name, _canonical(args)], sort_keys=True, default=str)
+        if key in seen:
             text = json.dumps({"name": name, "arguments": args}, ensure_ascii=False, default=str)
             return _whole("duplicate-call", f"tool_calls[{i}]", text)
-        earlier.append(args)
+        seen.add(key)
     return None
+
+
+def _canonical(value: Any) -> Any:
+    """`value` with integral floats as ints, so that equal JSON (1 and 1.0, as json_equal has it) dumps alike."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _canonical(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_canonical(v) for v in value]
+    return value
 
 
 def reasoning_replayed(content: str, reasoning: str) -> Finding | None:
@@ -79,14 +93,17 @@ def reasoning_replayed(content: str, reasoning: str) -> Finding | None:
     core = reasoning.strip()
     if len(core) < _REPLAY_MIN or len(content) < _REPLAY_MIN:
         return None
-    at = content.find(core)
-    if at >= 0:
-        return make_finding("reasoning-replayed", "content", content, at, at + len(core))
-    at = content.find(core[:_REPLAY_MIN])
-    if at >= 0:
+    head = core[:_REPLAY_MIN]
+    at = content.find(head)
+    tries = _REPLAY_TRIES
+    while at >= 0 and tries:
+        if content.startswith(core, at):
+            return make_finding("reasoning-replayed", "content", content, at, at + len(core))
         rest = content[at:].rstrip()
         if len(rest) >= _REPLAY_CUT_MIN and core.startswith(rest):
             return make_finding("reasoning-replayed", "content", content, at, len(content))
+        at = content.find(head, at + 1)
+        tries -= 1
     return None
 
 
@@ -106,14 +123,22 @@ def _grows(text: str, first: int, tries: int) -> bool:
 
 
 def _resend_at(text: str, first: int) -> bool:
+    # The chunk's last characters must recur just before 2 * first: a cheap test that rejects most candidates.
+    tail = min(4, first)
+    if text[2 * first - tail : 2 * first] != text[first - tail : first]:
+        return False
     head = text[:first]
-    unit = repeat_unit(head)
-    if not text.startswith(head, first) or 0 < 2 * unit <= first or not any(c.isalnum() for c in head):
+    if not text.startswith(head, first) or 0 < 2 * repeat_unit(head) <= first or not any(c.isalnum() for c in head):
         return False
     if len(text) >= 3 * first and text[first:] == text[:-first]:
         return False  # one chunk three times or more and nothing else: a loop or a repeated block, not a buffer
-    # Re-sent once, the copies are glued: a chunk ending in a blank before its copy reads as a repeated phrase.
-    if not head[-1].isspace() and (first >= _RESEND_ONCE_MIN or (first >= _RESEND_WHOLE_MIN and len(text) == 2 * first)):
+    if (head + head).find(head, 1) < first:
+        return False  # the chunk is itself a word or phrase repeated: prose repeating it, not a buffer
+    # Re-sent once, the copies are glued: a chunk ending in a blank before its copy reads as a repeated phrase,
+    # unless the field is nothing but two copies of several words.
+    if len(text) == 2 * first and first >= _RESEND_WHOLE_MIN and len(head.split()) > 1:
+        return True
+    if not head[-1].isspace() and first >= _RESEND_ONCE_MIN:
         return True
     return _grows(text, first, 4)
 
@@ -122,14 +147,19 @@ def resent_prefix(text: str) -> int:
     """Length of the first chunk of a re-sent streaming buffer ("Let me checkLet me check the…"), or 0.
 
     A server that re-sends its whole buffer on every chunk writes c1, c1c2, c1c2c3…: the text opens with a
-    chunk repeated at once. A chunk of 12+ characters re-sent once counts (or the whole field twice, from 8);
-    a shorter one must be re-sent twice, growing, so that a doubled word in prose stays clean.
+    chunk repeated at once. A chunk of 12+ characters re-sent once counts (or a field that is two copies of
+    several words, from 8 characters); a shorter one must be re-sent twice, growing, so that a doubled word in
+    prose stays clean.
     """
     if len(text) < 2 * _RESEND_SHORT_MIN:
         return 0
-    for first in range(_RESEND_SHORT_MIN, min(_RESEND_WHOLE_MIN, len(text) // 2 + 1)):
-        if _resend_at(text, first):
-            return first
+    # Short chunks first: only where their opening characters recur (one C-level search, not a call per length).
+    short = text[:_RESEND_SHORT_MIN]
+    at = text.find(short, _RESEND_SHORT_MIN, _RESEND_WHOLE_MIN + _RESEND_SHORT_MIN - 1)
+    while 0 <= at < _RESEND_WHOLE_MIN:
+        if 2 * at <= len(text) and _resend_at(text, at):
+            return at
+        at = text.find(short, at + 1, _RESEND_WHOLE_MIN + _RESEND_SHORT_MIN - 1)
     probe = text[:_RESEND_WHOLE_MIN]
     at = text.find(probe, _RESEND_WHOLE_MIN, _RESEND_SCAN)
     tries = _RESEND_TRIES
@@ -154,7 +184,7 @@ def tool_vocabulary(schemas: dict[str, Any]) -> tuple[frozenset[str], frozenset[
 def bare_tool_tags(text: str, field: str, names: frozenset[str], params: frozenset[str]) -> Finding | None:
     """`<invoke name="T">` or `<parameter name="P">` without the sentinel, naming one of the request's tools or
     their parameters, outside code spans and fences."""
-    quoted: list[tuple[int, int]] | None = None
+    quoted: Callable[[int], bool] | None = None
     for tag, vocabulary in zip(_XML_TAGS, (names, params)):
         at = text.find(tag)
         while at >= 0:
@@ -162,8 +192,8 @@ def bare_tool_tags(text: str, field: str, names: frozenset[str], params: frozens
             if text[end : end + 1] in (" ", "\t", "\n"):
                 name = attribute(text, end, "name", min(len(text), end + 160))
                 if name is not None and name in vocabulary:
-                    quoted = quoted_spans(text) if quoted is None else quoted
-                    if not any(lo <= at < hi for lo, hi in quoted):
+                    quoted = span_test(quoted_spans(text)) if quoted is None else quoted
+                    if not quoted(at):
                         return make_finding("bare-tool-tags", field, text, at, end + len(name) + 9)
             at = text.find(tag, end)
     return None
@@ -185,16 +215,17 @@ def _skip_spans(raw: str) -> list[tuple[int, int]]:
 
 def lost_calls(raw: str, calls: list[tuple[str, dict[str, Any] | None]]) -> list[Finding]:
     """`call-lost`: complete invokes the raw text shows, that no parsed call of that name answers;
-    `param-lost`: a parsed call without a parameter its invoke in the raw text shows.
+    `param-lost`: a parsed call without a parameter its invoke in the raw text shows; `value-cut`: a parsed
+    string argument cut short of the value the raw text shows (a closer inside it ended it early).
 
     A block repeated verbatim shows each invoke once (a parser that reads one copy lost nothing).
     """
-    shown: dict[str, list[frozenset[str]]] = {}
+    shown: dict[str, list[ShownInvoke]] = {}
     texts: set[str] = set()
     for invoke in shown_invokes(raw, skip=_skip_spans(raw)):
         if invoke.text not in texts:
             texts.add(invoke.text)
-            shown.setdefault(invoke.name, []).append(invoke.params)
+            shown.setdefault(invoke.name, []).append(invoke)
     parsed: dict[str, list[tuple[int, dict[str, Any] | None]]] = {}
     for i, (name, args) in enumerate(calls):
         parsed.setdefault(name, []).append((i, args))
@@ -204,17 +235,35 @@ def lost_calls(raw: str, calls: list[tuple[str, dict[str, Any] | None]]) -> list
         findings.append(_whole("call-lost", "tool_calls", ", ".join(lost)))
     for name, invokes in shown.items():
         # Each shown invoke, the fullest first, takes the first unused call of its name that has all its parameters.
-        unused = [(i, set(args)) for i, args in parsed.get(name, ()) if args is not None]
-        for params in sorted(invokes, key=len, reverse=True):
-            match = next((n for n, (_, keys) in enumerate(unused) if params <= keys), None)
+        unused = [(i, args) for i, args in parsed.get(name, ()) if args is not None]
+        if len(unused) > _MATCH_MAX:
+            continue  # hundreds of calls of one name: counted above, not matched pair by pair (quadratic)
+        for invoke in sorted(invokes, key=lambda shown_one: len(shown_one.params), reverse=True):
+            match = next((n for n, (_, args) in enumerate(unused) if invoke.params <= args.keys()), None)
             if match is not None:
-                unused.pop(match)
+                i, args = unused.pop(match)
+                cut = _cut_value(invoke, args)
+                if cut is not None and "value-cut" not in {f.rule for f in findings}:
+                    findings.append(_whole("value-cut", f"tool_calls[{i}].function.arguments", f"{name}.{cut}"))
             elif unused:
-                i, keys = unused[0]
-                missing = ", ".join(sorted(params - keys))
+                i, args = unused[0]
+                missing = ", ".join(sorted(invoke.params - args.keys()))
                 findings.append(_whole("param-lost", f"tool_calls[{i}].function.arguments", f"{name}: {missing}"))
                 return findings
     return findings
+
+
+def _cut_value(invoke: ShownInvoke, args: dict[str, Any]) -> str | None:
+    """The first string argument that the parser cut short: a proper prefix of the value the raw text shows.
+
+    Both sides are stripped first, since SGLang's detectors strip string values (real-parsers.md §1)."""
+    for key, shown_value in invoke.strings:
+        value = args.get(key)
+        if isinstance(value, str):
+            full, got = shown_value.strip(), value.strip()
+            if len(got) < len(full) and full.startswith(got):
+                return key
+    return None
 
 
 def scan_turn(
@@ -237,7 +286,7 @@ def scan_turn(
         first = resent_prefix(text)
         if first:
             findings.append(make_finding("resent-prefix", field, text, 0, 2 * first))
-        if schemas and ("<invoke" in text or "<parameter" in text):
+        if schemas and "<" in text and "name" in text and ("<invoke" in text or "<parameter" in text):
             vocabulary = tool_vocabulary(schemas) if vocabulary is None else vocabulary
             found = bare_tool_tags(text, field, *vocabulary)
             if found is not None:

@@ -91,8 +91,12 @@ def _damaged(raw: str, op: str, tool: str) -> str | None:
 
 
 def _undetectable(op: str, content: str, calls: list[ToolCall]) -> bool:
-    """repeated_text on a short answer with no block: "ok.ok." reads as prose (a doubled word is no evidence)."""
-    return op == "repeated_text" and not calls and len(content) < 8
+    """repeated_text on a short answer with no block, beyond resent-prefix's reach: "ok.ok." or "weather.weather."
+    reads as prose (a doubled word is no evidence); two copies of several words from 8 characters, or of 12+
+    characters glued, are caught."""
+    several_words = len(content) >= 8 and len(content.split()) > 1
+    glued = len(content) >= 12 and not content[-1].isspace()
+    return op == "repeated_text" and not calls and not (several_words or glued)
 
 
 @SETTINGS

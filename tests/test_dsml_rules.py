@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from dsml_checker import RULES, ToolCall, check, render_calls, render_completion
-from dsml_checker.formats import EOS
 from dsml_checker.findings import Verdict
+from dsml_checker.formats import EOS
 
 TOOLS = [
     {
@@ -238,6 +238,13 @@ CASES: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {
          text("Use `<｜DSML｜invoke name=\"get_weather\">\n</｜DSML｜invoke>` to call it.", finish_reason="stop",
               raw="r</think>Use `<｜DSML｜invoke name=\"get_weather\">\n</｜DSML｜invoke>` to call it." + EOS),
          text("Let me check.", finish_reason="length", raw=RAW.removesuffix(EOS)[:-40])],
+    ),
+    "value-cut": (
+        [calls(call("get_weather", {"city": "Pa", "days": 3}), finish_reason="tool_calls", raw=RAW.replace(">Paris<", ">Pa</｜DSML｜parameterris<")),
+         calls(call("get_weather", {"city": "Par", "days": 3}), finish_reason="tool_calls", raw=RAW)],
+        [calls(call("get_weather", {"city": " Paris\n", "days": 3}), finish_reason="tool_calls", raw=RAW.replace(">Paris<", "> Paris <")),
+         calls(call("get_weather", {"city": "Rome", "days": 3}), finish_reason="tool_calls", raw=RAW),
+         calls(call("get_weather", {"city": "Paris", "days": "3"}), finish_reason="tool_calls", raw=RAW)],
     ),
     "param-lost": (
         [calls(call("get_weather", {"city": "co"}), finish_reason="tool_calls", raw=RAW.replace(">Paris<", ">co</｜DSML｜parameterParis<")),

@@ -173,11 +173,12 @@ def test_a_faithful_parse_loses_nothing(calls: list[ToolCall], answer: str, stri
     parsed = split_completion(raw, mode="strict").calls
     if strip:  # SGLang's detectors strip string values: the keys are all there
         parsed = [ToolCall(c.name, {k: v.strip() if isinstance(v, str) else v for k, v in c.arguments.items()}) for c in parsed]
+    cross = {"call-lost", "param-lost", "value-cut"}
     found = rules({"content": answer, "tool_calls": structured(parsed)}, finish_reason="tool_calls", raw=raw)
-    assert not {"call-lost", "param-lost"} & set(found), found
+    assert not cross & set(found), found
     # A block repeated whole, read once (the recipe reads the first block only): nothing lost either.
     twice = raw.replace("<｜end▁of▁sentence｜>", "") + raw.split("</think>", 1)[1]
-    assert not {"call-lost", "param-lost"} & set(rules({"content": answer, "tool_calls": structured(parsed)}, raw=twice))
+    assert not cross & set(rules({"content": answer, "tool_calls": structured(parsed)}, raw=twice))
 
 
 @SETTINGS
@@ -201,3 +202,41 @@ def test_a_dropped_parameter_is_caught(calls: list[ToolCall], answer: str, data:
     cut = list(calls)
     cut[i] = ToolCall(calls[i].name, {k: v for k, v in calls[i].arguments.items() if k != key})
     assert "param-lost" in rules({"content": answer, "tool_calls": structured(cut)}, finish_reason="tool_calls", raw=raw)
+
+
+@SETTINGS
+@given(calls=calls_st, answer=answers, data=st.data())
+def test_a_value_cut_at_a_closer_inside_it_is_caught(calls: list[ToolCall], answer: str, data: st.DataObject) -> None:
+    """The recipe ends a string value at a parameter closer inside it (closer_in_argument), keeping the head."""
+    i = data.draw(st.integers(0, len(calls) - 1))
+    key = data.draw(keys)
+    value = data.draw(st.text(st.characters(exclude_categories=["Cs", "Cc", "Co", "Cn"], exclude_characters="｜|"), max_size=20)
+                      .filter(lambda v: len(v.strip()) >= 2))
+    calls = [*calls[:i], ToolCall(calls[i].name, {**calls[i].arguments, key: value}), *calls[i + 1 :]]
+    assume(_distinct(calls))
+    at = data.draw(st.integers(0, len(value.rstrip()) - 1))
+    assume(value[:at].strip() != value.strip())
+    damaged = dict(calls[i].arguments)
+    damaged[key] = value[:at] + "</｜DSML｜parameter" + value[at:]
+    raw = render_completion(reasoning="thinking", content=answer, calls=[*calls[:i], ToolCall(calls[i].name, damaged), *calls[i + 1 :]])
+    parsed = list(calls)
+    parsed[i] = ToolCall(calls[i].name, {**calls[i].arguments, key: value[:at]})
+    assert "value-cut" in rules({"content": answer, "tool_calls": structured(parsed)}, finish_reason="tool_calls", raw=raw)
+
+
+_MANY_CALLS = [{"function": {"name": "f", "arguments": json.dumps({"a": i})}} for i in range(5000)]
+_MANY_INVOKES = "r</think>" + "".join(
+    f'<｜DSML｜invoke name="f">\n<｜DSML｜parameter name="a" string="false">{i}</｜DSML｜parameter>\n</｜DSML｜invoke>' for i in range(5000)
+)
+
+
+def test_large_adversarial_turns_are_judged() -> None:
+    """Huge inputs for each new scan (quoted tags by the thousand, thousands of calls): near-linear, not quadratic."""
+    tools = [{"type": "function", "function": {"name": "x", "parameters": {"type": "object", "properties": {"p": {}}}}}]
+    assert "bare-tool-tags" not in check({"content": '`<invoke name="x">` ' * 20000}, tools=tools, finish_reason="stop").rules
+    assert "duplicate-call" not in check({"content": None, "tool_calls": _MANY_CALLS}).rules
+    assert check({"content": None, "tool_calls": _MANY_CALLS}, raw=_MANY_INVOKES).label == "clean"
+    quoted_invokes = "r</think>" + "`a` " * 20000 + '`<｜DSML｜invoke name="x"/>` ' * 20000
+    assert "call-lost" not in check({"content": "x"}, raw=quoted_invokes).rules
+    assert "resent-prefix" not in check({"content": "ab" * 200_000}).rules
+    assert "reasoning-replayed" in check({"content": "x" + "step one two. " * 20000, "reasoning_content": "step one two. " * 20000}).rules
