@@ -1,10 +1,10 @@
 """dsml_checker: decide whether a model's turn is clean or carries broken DeepSeek DSML tool-call markup.
 
-Standard library only, no I/O. `check(message, finish_reason=, tools=, tool_choice=, raw=)` returns a `Verdict`
+Standard library only, no I/O. `check(message, finish_reason=, tools=, tool_choice=)` returns a `Verdict`
 ("clean", "corrupt" on any hard finding, "suspect" on soft ones only) with its `Finding`s; `RULES` lists every
 rule id with its severity and description; `check_raw(raw, …)` judges the text the model generated against
-DeepSeek's reference grammar (the "raw-*" rules) and then as the message a faithful parser would make of it;
-`StreamAccumulator` rebuilds a streamed message so it is judged whole. `render_calls`/`parse_calls`/`split_completion` write and read the DeepSeek formats (dsml-format.md).
+DeepSeek's reference grammar (the "raw-*" rules) and then as the message a faithful parser would make of it; `StreamAccumulator` rebuilds a streamed message so it is judged
+whole. `render_calls`/`parse_calls`/`split_completion` write and read the DeepSeek formats (dsml-format.md).
 """
 
 from dsml_checker.check import check
