@@ -18,7 +18,7 @@ from dsml_checker.formats import SENTINEL
 _WORD_MAX = 24  # a DSML tag word is short: longer runs are prose, and this bounds the work per tag
 _NAME_MAX = 128
 _HEAD_MAX = 256  # an invoke opener's attributes end within this many characters, or it is not read
-_QUOTES = '"“”„‟″‘’‚‛«»「」＂\''
+QUOTES = '"“”„‟″‘’‚‛«»「」＂\''  # what a model may put around an attribute value
 
 
 def span_test(spans: list[tuple[int, int]]) -> Callable[[int], bool]:
@@ -81,11 +81,11 @@ def attribute(text: str, at: int, key: str, limit: int) -> str | None:
     i += 1
     while i < limit and text[i] in " \t":
         i += 1
-    if i >= limit or text[i] not in _QUOTES:
+    if i >= limit or text[i] not in QUOTES:
         return None
     j = i + 1
     stop = min(limit, j + _NAME_MAX)
-    while j < stop and text[j] not in _QUOTES and text[j] not in ">\n":
+    while j < stop and text[j] not in QUOTES and text[j] not in ">\n":
         j += 1
     return text[i + 1 : j]
 

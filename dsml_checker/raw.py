@@ -40,12 +40,11 @@ from dsml_checker.formats import (
     block_opener,
     parse_calls,
 )
-from dsml_checker.invokes import dsml_tags
+from dsml_checker.invokes import QUOTES, dsml_tags
 from dsml_checker.text_rules import MARKUP_RULES
 
 _FIELD = "raw"
-# Quotes a model may put around an attribute value in place of ASCII '"'.
-_ODD_QUOTES = "“”„‟″‘’‚‛«»「」＂'"
+_ODD_QUOTES = QUOTES.replace('"', "")  # in place of the ASCII '"' the grammar wants
 # Strict-parser rules (formats._parse_dsml_strict, _parse_v3) -> raw rule, before refinement by what is there.
 _PARSE_RULES = {
     "block-opener": "raw-opener-misspelled",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -307,3 +308,10 @@ def test_an_unknown_format_is_a_usage_error() -> None:
 )
 def test_large_adversarial_raw_texts_are_judged(raw: str) -> None:
     assert check_raw(raw, finish_reason="stop").label == "corrupt"
+
+
+def test_the_rules_document_lists_every_rule() -> None:
+    """docs/checker-rules.md is the users' copy of RULES: every rule with its severity, nothing stale."""
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "checker-rules.md").read_text(encoding="utf-8")
+    rows = {line.split("|")[1].strip(" `"): line.split("|")[2].strip() for line in doc.splitlines() if line.startswith("| `")}
+    assert rows == {rule: severity for rule, (severity, _) in RULES.items()}

@@ -215,7 +215,8 @@ def test_a_value_cut_at_a_closer_inside_it_is_caught(calls: list[ToolCall], answ
     calls = [*calls[:i], ToolCall(calls[i].name, {**calls[i].arguments, key: value}), *calls[i + 1 :]]
     assume(_distinct(calls))
     at = data.draw(st.integers(0, len(value.rstrip()) - 1))
-    assume(value[:at].strip() != value.strip())
+    # A ">" right after would complete the closer: the raw text itself then ends the value there.
+    assume(value[:at].strip() != value.strip() and not value[at:].startswith(">"))
     damaged = dict(calls[i].arguments)
     damaged[key] = value[:at] + "</｜DSML｜parameter" + value[at:]
     raw = render_completion(reasoning="thinking", content=answer, calls=[*calls[:i], ToolCall(calls[i].name, damaged), *calls[i + 1 :]])
