@@ -91,7 +91,7 @@ def _append_progress(path: Path, record: CellRun) -> None:
 
 
 def _record_from_summary(run: PlannedRun, summary: Summary, rel: str, previous: CellRun | None) -> CellRun:
-    extra = previous.model_dump(include={"server_info", "unconfirmed", "launch", "duration_s"}) if previous else {}
+    extra = previous.model_dump(include={"server_info", "notes", "launch", "duration_s"}) if previous else {}
     return CellRun(
         key=run.key,
         cell=run.cell.as_dict(),
@@ -105,11 +105,12 @@ def _record_from_summary(run: PlannedRun, summary: Summary, rel: str, previous: 
     )
 
 
-def _move_aside(run_dir: Path) -> None:
+def _move_aside(run_dir: Path) -> Path:
     n = 1
     while (aside := run_dir.with_name(f"{run_dir.name}.partial-{n}")).exists():
         n += 1
     run_dir.rename(aside)
+    return aside
 
 
 class MatrixRunner:
@@ -236,15 +237,27 @@ class MatrixRunner:
             Text(f"[{run.order + 1}/{len(self.runs)}] cell {run.cell.name} replicate {run.replicate}: launching")
         )
         started = time.monotonic()
+        deployment = CellDeployment(launch, log_dir, cell=run.key)
+        watch = deployment.watch()
         try:
-            with CellDeployment(launch, log_dir, cell=run.key) as confirmation:
-                if confirmation.unconfirmed:
-                    self.console.print(
-                        Text(f"  no /server_info on {', '.join(confirmation.unconfirmed)}: configuration not confirmed")
-                    )
+            with deployment as confirmation, watch:
+                for note in confirmation.notes:
+                    self.console.print(Text(f"  not verified: {note}"))
                 result = execute_run(options, console=self.console, live=False, report=self.cell_reports)
         except TargetError as err:
-            return CellRun(status="failed", message=str(err), duration_s=time.monotonic() - started, **base)
+            message = watch.exit.message(run.key) if watch.exit else str(err)
+            return CellRun(status="failed", message=message, duration_s=time.monotonic() - started, **base)
+        if watch.exit is not None:
+            # The sessions measured a deployment that was falling apart: not a result. Moved aside
+            # (kept for a post-mortem) so that --resume reruns the cell.
+            aside = _move_aside(self.path / CELLS / run.key)
+            return CellRun(
+                status="failed",
+                message=watch.exit.message(run.key),
+                run_dir=aside.relative_to(self.path).as_posix(),
+                duration_s=time.monotonic() - started,
+                **base,
+            )
         if result.summary.interrupted:
             raise KeyboardInterrupt
         return CellRun(
@@ -253,7 +266,7 @@ class MatrixRunner:
             wedged=result.summary.wedged,
             run_dir=f"{CELLS}/{run.key}",
             server_info=confirmation.server_info,
-            unconfirmed=confirmation.unconfirmed,
+            notes=confirmation.notes,
             duration_s=time.monotonic() - started,
             **base,
         )
