@@ -31,6 +31,8 @@ from repro.logcap import is_capped, tail_paths
 from repro.reaper import TAG_ENV, members, tagged_pids
 
 _LIVE: set["ManagedProcess"] = set()
+TAIL_BYTES = 4096
+"""How much of a log's end `log_tail` reads: enough for the last lines, bounded for endless ones."""
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -124,11 +126,16 @@ class ManagedProcess:
         paths = [self.log_path]
         if is_capped(self.log_path):
             paths = [path for path in tail_paths(self.log_path) if path.exists()]
-        tail: deque[str] = deque(maxlen=lines)
-        for path in paths:
-            with open(path, encoding="utf-8", errors="replace") as fh:
-                tail.extend(fh)
-        return "".join(tail).rstrip()
+        # The last bytes only: a log may be hundreds of megabytes, or one endless line.
+        data = b""
+        for path in reversed(paths):
+            with open(path, "rb") as fh:
+                fh.seek(max(0, fh.seek(0, os.SEEK_END) - (TAIL_BYTES - len(data))))
+                data = fh.read() + data
+            if len(data) >= TAIL_BYTES:
+                break
+        tail = deque(data.decode("utf-8", errors="replace").splitlines(), maxlen=lines)
+        return "\n".join(tail).rstrip()
 
     def detached(self) -> set[int]:
         """Processes that carry this launch's tag, wherever they are now (its own group included)."""

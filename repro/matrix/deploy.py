@@ -26,6 +26,7 @@ import httpx
 
 from repro.errors import TargetError, UsageError
 from repro.matrix.design import PlannedRun
+from repro.logcap import is_capped
 from repro.matrix.spec import AUTO, Level, MatrixSpec, ProcessSpec, Template
 from repro.procs import ManagedProcess, confirm_listener, free_port, port_in_use, start_process, wait_http_ready
 from repro.store import dump_json
@@ -349,6 +350,15 @@ class CellDeployment:
         """The deployment's own server processes (hooks excluded), by name."""
         names = {launch.name for launch in self.plan.processes if launch.argv is not None}
         return [(name, proc) for name, proc in self._procs if name in names]
+
+    def log_notes(self) -> list[str]:
+        """A note for each log that reached the cap (`log_max_bytes`) and lost its middle."""
+        return [
+            f"{entry['name']}.log reached the cap of {self.plan.log_max_bytes} bytes: its start and its latest "
+            f"output are kept ({entry['name']}.log, {entry['name']}.log.tail*)"
+            for entry in self._started
+            if is_capped(self.log_dir / f"{entry['name']}.log")
+        ]
 
     def watch(self) -> ExitWatch:
         """Watch the launched processes while the load runs (see ExitWatch)."""

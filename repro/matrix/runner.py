@@ -246,7 +246,14 @@ class MatrixRunner:
                 result = execute_run(options, console=self.console, live=False, report=self.cell_reports)
         except TargetError as err:
             message = watch.exit.message(run.key) if watch.exit else str(err)
-            return CellRun(status="failed", message=message, duration_s=time.monotonic() - started, **base)
+            return CellRun(
+                status="failed",
+                message=message,
+                notes=deployment.log_notes(),
+                duration_s=time.monotonic() - started,
+                **base,
+            )
+        notes = confirmation.notes + deployment.log_notes()
         if watch.exit is not None:
             # The sessions measured a deployment that was falling apart: not a result. Moved aside
             # (kept for a post-mortem) so that --resume reruns the cell.
@@ -255,6 +262,7 @@ class MatrixRunner:
                 status="failed",
                 message=watch.exit.message(run.key),
                 run_dir=aside.relative_to(self.path).as_posix(),
+                notes=notes,
                 duration_s=time.monotonic() - started,
                 **base,
             )
@@ -266,7 +274,7 @@ class MatrixRunner:
             wedged=result.summary.wedged,
             run_dir=f"{CELLS}/{run.key}",
             server_info=confirmation.server_info,
-            notes=confirmation.notes,
+            notes=notes,
             duration_s=time.monotonic() - started,
             **base,
         )
@@ -320,5 +328,8 @@ def run_matrix(
         signal.signal(signal.SIGTERM, previous)
     write_reports(path, result.analysis, list(spec.factors), list(runner.records.values()))
     console.print(Text(result.analysis.verdict or "No finished cells: no verdict."))
+    failed = sum(r.status == "failed" for r in runner.records.values())
+    if failed:
+        console.print(Text(f"{failed} run(s) failed and are excluded from the analysis (--resume reruns them)."))
     console.print(Text(f"matrix: {path} (matrix.json, report.html)"))
     return result
