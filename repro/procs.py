@@ -334,8 +334,8 @@ def confirm_listener(process: ManagedProcess, port: int) -> str | None:
     if not process.alive:
         tail = " | ".join(line for line in process.log_tail(5).splitlines() if line.strip())
         raise TargetError(
-            f"{name} exited with code {process.returncode} although port {port} answered: "
-            f"another process serves that port" + (f"; its output ends with: {tail}" if tail else "")
+            f"{name} exited with code {process.returncode} though port {port} answered "
+            "(another process may serve that port)" + (f"; its output ends with: {tail}" if tail else "")
         )
     inodes = _listening_inodes(port)
     if inodes is None:

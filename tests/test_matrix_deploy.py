@@ -224,7 +224,8 @@ def test_a_port_taken_after_the_launch_is_caught_by_who_holds_it(tmp_path: Path)
     spec = spec_of({"hicache": HICACHE}, {"command": command, "port": "${port}", "ready": READY})
     launch = resolve(spec, run_for(spec, hicache="on"), log_dir=tmp_path)
     try:
-        with pytest.raises(TargetError, match=r"port \d+ is held by pid \d+ \(.*repro.sim serve.*\), not by the launched bash"):
+        held = r"port \d+ is held by pid \d+ \(.*repro.sim serve.*\), not by the launched bash"
+        with pytest.raises(TargetError, match=held):
             with CellDeployment(launch, tmp_path, cell="c"):
                 pytest.fail("a cell must not measure a server it did not start")
         assert group_gone(processes_file(tmp_path)[0]["pgid"])

@@ -273,7 +273,9 @@ def test_a_server_dying_mid_cell_fails_the_cell_with_its_exit_and_output_and_res
             os.killpg(proc.pid, signal.SIGKILL)
     (record,) = progress(matrix)
     assert record["key"] == running and record["status"] == "failed"
-    assert record["message"].startswith(f"cell {running}: server was killed by SIGKILL while the load ran; its output ends with: ")
+    assert record["message"].startswith(
+        f"cell {running}: server was killed by SIGKILL while the load ran; its output ends with: "
+    )
     assert not (matrix / "cells" / running).exists() and (matrix / record["run_dir"] / "sessions.jsonl").exists()
     result = json.loads((matrix / "matrix.json").read_text())
     assert result["runs"]["failed"] == 1 and result["runs"]["finished"] == 0

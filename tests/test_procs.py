@@ -167,7 +167,7 @@ def test_port_in_use_names_the_occupant_and_confirm_listener_refuses_it(tmp_path
         with pytest.raises(TargetError, match=f"port {port} is held by pid {occupant.pid} .*not by the launched sleep"):
             confirm_listener(bystander, port)
         bystander.stop()
-        with pytest.raises(TargetError, match="sleep exited with code -15 although port .* answered"):
+        with pytest.raises(TargetError, match="sleep exited with code -15 though port .* answered"):
             confirm_listener(bystander, port)
     finally:
         occupant.stop()
@@ -177,7 +177,11 @@ def test_port_in_use_names_the_occupant_and_confirm_listener_refuses_it(tmp_path
 
 def test_a_chatty_process_log_is_capped_with_its_head_a_note_and_its_latest_output(tmp_path: Path) -> None:
     log = tmp_path / "server.log"
-    chatty = "import sys\nprint('flags: --enable-hierarchical-cache')\nfor i in range(200000): print(f'line {i:08d}')\nprint('last words')"
+    chatty = (
+        "print('flags: --enable-hierarchical-cache')\n"
+        "for i in range(200000): print(f'line {i:08d}')\n"
+        "print('last words')"
+    )
     proc = start_process([sys.executable, "-c", chatty], log_path=log, log_max_bytes=64_000)
     assert proc.popen.wait(timeout=60) == 0
     assert proc.log_tail(1) == "last words"

@@ -25,8 +25,8 @@ from urllib.parse import urlsplit
 import httpx
 
 from repro.errors import TargetError, UsageError
-from repro.matrix.design import PlannedRun
 from repro.logcap import is_capped
+from repro.matrix.design import PlannedRun
 from repro.matrix.spec import AUTO, Level, MatrixSpec, ProcessSpec, Template
 from repro.procs import ManagedProcess, confirm_listener, free_port, port_in_use, start_process, wait_http_ready
 from repro.store import dump_json

@@ -128,7 +128,8 @@ alpha {{ a.alpha }}, {{ a.correction }}-adjusted. Baseline:
 <p>Excluded from the analysis: they did not measure the configuration asked for, or not to the end.
 <code>--resume</code> reruns them.</p>
 <ul>{% for r in failed %}<li>{{ r.key }}: {{ r.message }}</li>{% endfor %}</ul>{% endif %}
-{% if noted %}<h2>Notes on runs</h2><ul>{% for r in noted %}{% for note in r.notes %}<li>{{ r.key }}: {{ note }}</li>{% endfor %}{% endfor %}</ul>{% endif %}
+{% if noted %}<h2>Notes on runs</h2><ul>{% for r in noted %}{% for note in r.notes %}
+<li>{{ r.key }}: {{ note }}</li>{% endfor %}{% endfor %}</ul>{% endif %}
 </body></html>
 """
 )
