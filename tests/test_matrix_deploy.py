@@ -15,7 +15,9 @@ import pytest
 
 from repro.errors import TargetError, UsageError
 from repro.matrix.deploy import CellDeployment, ConfirmationError, mismatches, processes_file, resolve
-from repro.matrix.design import plan
+from repro.matrix.analysis import CellRun, analyse
+from repro.matrix.design import cells, plan
+from repro.matrix.report import write_reports
 from repro.matrix.spec import MatrixSpec
 from repro.sim.launch import start_sim
 
@@ -274,9 +276,19 @@ def test_a_cells_log_is_capped_as_the_spec_says(tmp_path: Path) -> None:
     chatty = "${python} -c \"[print('x' * 99) for _ in range(50000)]; print('bye')\""
     spec = spec_of({"x": {"levels": {"a": {}, "b": {}}}},
                    {"command": chatty, "port": "${port}", "ready": READY, "log_max_bytes": 100_000})
-    launch = resolve(spec, plan(spec)[0], log_dir=tmp_path)
+    run = plan(spec)[0]
+    launch = resolve(spec, run, log_dir=tmp_path)
+    cell = CellDeployment(launch, tmp_path, cell="c")
     with pytest.raises(TargetError, match=r"exited with code 0 before .* \| bye"):
-        with CellDeployment(launch, tmp_path, cell="c"):
+        with cell:
             pass
     assert sum(f.stat().st_size for f in tmp_path.glob("server.log*")) < 101_000
     assert "[repro: this log is capped at 100000 bytes" in (tmp_path / "server.log").read_text()
+    (note,) = cell.log_notes()
+    assert note.startswith("server.log reached the cap of 100000 bytes")
+    # The matrix report says so beside the run.
+    record = CellRun(key=run.key, cell=run.cell.as_dict(), replicate=1, order=0, status="failed", message="m",
+                     notes=[note])
+    analysis = analyse(spec, [record], [c.as_dict() for c in cells(spec)], 2)
+    page = write_reports(tmp_path, analysis, ["x"], [record]).html.read_text()
+    assert f"<li>{run.key}: server.log reached the cap of 100000 bytes" in page
