@@ -304,15 +304,21 @@ class ExitWatch:
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._watch, name=f"watch-{deployment.cell}", daemon=True)
 
+    def _look(self) -> bool:
+        """Whether a launched process has ended; if so, note it and stop the others."""
+        procs = self.deployment.launched()
+        dead = next(((name, proc) for name, proc in procs if not proc.alive), None)
+        if dead is None:
+            return False
+        name, proc = dead
+        self.exit = ProcessExit(name, proc.returncode, _one_line(proc.log_tail(10)))
+        for _, other in reversed(procs):
+            other.stop(self.deployment.plan.stop_timeout)
+        return True
+
     def _watch(self) -> None:
-        procs = list(self.deployment.launched())
-        while procs and not self._done.wait(self.interval):
-            dead = next(((name, proc) for name, proc in procs if not proc.alive), None)
-            if dead is not None:
-                name, proc = dead
-                self.exit = ProcessExit(name, proc.returncode, _one_line(proc.log_tail(10)))
-                for _, other in reversed(procs):
-                    other.stop(self.deployment.plan.stop_timeout)
+        while not self._done.wait(self.interval):
+            if self._look():
                 return
 
     def __enter__(self) -> "ExitWatch":
@@ -322,6 +328,9 @@ class ExitWatch:
     def __exit__(self, *exc: object) -> None:
         self._done.set()
         self._thread.join()
+        if self.exit is None:
+            # A death since the last look (the load may have ended, or failed, because of it).
+            self._look()
 
 
 class CellDeployment:
