@@ -259,7 +259,8 @@ def pid_gone(pid: int) -> bool:
 
 
 def test_a_server_dying_mid_cell_fails_the_cell_with_its_exit_and_output_and_resume_reruns_it(tmp_path: Path) -> None:
-    spec = sim_spec(tmp_path, "die", load={**TINY, "sessions": 40, "concurrency": 2, "turns": 18}, design=ONE)
+    # Long enough sessions that the first ends while the others still run; few, so the resume is quick.
+    spec = sim_spec(tmp_path, "die", load={**TINY, "sessions": 6, "concurrency": 2, "turns": 18}, design=ONE)
     matrix = tmp_path / "m"
     proc = start(["matrix", str(spec), "--out", str(matrix), "--no-cell-reports"], tmp_path / "m.log")
     try:
