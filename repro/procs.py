@@ -263,6 +263,11 @@ def start_process(
     return proc
 
 
+def one_line(text: str) -> str:
+    """`text` (a log's tail, say) on one line, its lines joined with " | ": the CLI prints errors on one line."""
+    return " | ".join(line for line in text.splitlines() if line.strip())
+
+
 def _listening_inodes(port: int) -> set[int] | None:
     """Inodes of the TCP sockets listening on `port` on any address; None where /proc/net is unreadable."""
     found: set[int] = set()
@@ -332,7 +337,7 @@ def confirm_listener(process: ManagedProcess, port: int) -> str | None:
     """
     name = process.argv[0]
     if not process.alive:
-        tail = " | ".join(line for line in process.log_tail(5).splitlines() if line.strip())
+        tail = one_line(process.log_tail(5))
         raise TargetError(
             f"{name} exited with code {process.returncode} though port {port} answered "
             "(another process may serve that port)" + (f"; its output ends with: {tail}" if tail else "")

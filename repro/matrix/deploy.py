@@ -28,7 +28,15 @@ from repro.errors import TargetError, UsageError
 from repro.logcap import is_capped
 from repro.matrix.design import PlannedRun
 from repro.matrix.spec import AUTO, Level, MatrixSpec, ProcessSpec, Template
-from repro.procs import ManagedProcess, confirm_listener, free_port, port_in_use, start_process, wait_http_ready
+from repro.procs import (
+    ManagedProcess,
+    confirm_listener,
+    free_port,
+    one_line,
+    port_in_use,
+    start_process,
+    wait_http_ready,
+)
 from repro.store import dump_json
 
 PROCESSES_FILE = "processes.json"
@@ -265,12 +273,7 @@ class Confirmation:
     """What could not be checked, such as a port held by a process the harness may not inspect."""
 
 
-def _one_line(text: str) -> str:
-    # The CLI prints errors on one line: a log tail is joined with " | ".
-    return " | ".join(line for line in text.splitlines() if line.strip())
-
-
-def describe_exit(code: int | None) -> str:
+def _describe_exit(code: int | None) -> str:
     if code is not None and code < 0:
         try:
             return f"was killed by {signal.Signals(-code).name}"
@@ -289,7 +292,7 @@ class ProcessExit:
 
     def message(self, cell: str) -> str:
         tail = f"; its output ends with: {self.tail}" if self.tail else ""
-        return f"cell {cell}: {self.name} {describe_exit(self.code)} while the load ran{tail}"
+        return f"cell {cell}: {self.name} {_describe_exit(self.code)} while the load ran{tail}"
 
 
 class ExitWatch:
@@ -311,7 +314,7 @@ class ExitWatch:
         if dead is None:
             return False
         name, proc = dead
-        self.exit = ProcessExit(name, proc.returncode, _one_line(proc.log_tail(10)))
+        self.exit = ProcessExit(name, proc.returncode, one_line(proc.log_tail(10)))
         for _, other in reversed(procs):
             other.stop(self.deployment.plan.stop_timeout)
         return True
@@ -394,7 +397,7 @@ class CellDeployment:
             proc.stop(self.plan.stop_timeout)
             raise TargetError(f"cell {self.cell}: {name} hook still running after {self.plan.hook_timeout:g}s")
         if proc.returncode != 0:
-            tail = _one_line(proc.log_tail(5))
+            tail = one_line(proc.log_tail(5))
             raise TargetError(
                 f"cell {self.cell}: {name} hook exited with code {proc.returncode}" + (f": {tail}" if tail else "")
             )
@@ -438,7 +441,7 @@ class CellDeployment:
                 )
             except TargetError as err:
                 raise TargetError(
-                    f"cell {self.cell}: {launch.name}: {_one_line(str(err))} "
+                    f"cell {self.cell}: {launch.name}: {one_line(str(err))} "
                     f"(ready timeout {self.plan.ready_timeout:g}s for the whole deployment)"
                 ) from None
         notes = self._check_owners(waiting)
@@ -456,7 +459,7 @@ class CellDeployment:
             try:
                 note = confirm_listener(proc, launch.local_port)
             except TargetError as err:
-                raise ConfirmationError(f"cell {self.cell}: {launch.name}: {_one_line(str(err))}") from None
+                raise ConfirmationError(f"cell {self.cell}: {launch.name}: {one_line(str(err))}") from None
             if note:
                 notes.append(f"{launch.name}: {note}")
         return notes
