@@ -3,6 +3,8 @@ failures, and `/server_info` confirmation that stops a cell running the wrong co
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -13,8 +15,11 @@ import pytest
 
 from repro.errors import TargetError, UsageError
 from repro.matrix.deploy import CellDeployment, ConfirmationError, mismatches, processes_file, resolve
-from repro.matrix.design import plan
+from repro.matrix.analysis import CellRun, analyse
+from repro.matrix.design import cells, plan
+from repro.matrix.report import write_reports
 from repro.matrix.spec import MatrixSpec
+from repro.sim.launch import start_sim
 
 from proc_helpers import group_gone
 
@@ -184,3 +189,106 @@ def test_mismatches_compare_types_strictly() -> None:
         "enable_hierarchical_cache is True, the spec asked for 'true'"
     ]
     assert mismatches({"index_k_dtype": "bf16"}, info) == ["index_k_dtype is absent, the spec asked for 'bf16'"]
+
+
+def poll(condition, timeout: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_a_port_answered_by_a_foreign_server_is_refused_before_launch(tmp_path: Path) -> None:
+    # The occupant answers /health and even /server_info with the very configuration asked for:
+    # only who holds the port tells it apart from the cell's own server.
+    occupant = start_sim(["--time-scale", "0", "--enable-hierarchical-cache"], log_path=tmp_path / "occupant.log")
+    try:
+        spec = spec_of({"hicache": HICACHE}, {"command": SIM, "port": "${port}", "ready": READY},
+                       variables={"port": str(occupant.port)})
+        launch = resolve(spec, run_for(spec, hicache="on"), log_dir=tmp_path / "cell")
+        with pytest.raises(TargetError, match=f"port {occupant.port} is already in use by pid {occupant.process.pid} "):
+            with CellDeployment(launch, tmp_path / "cell", cell="c"):
+                pytest.fail("a cell must not measure a server it did not start")
+        assert processes_file(tmp_path / "cell") == []
+        assert occupant.process.alive
+    finally:
+        occupant.stop()
+
+
+def test_a_port_taken_after_the_launch_is_caught_by_who_holds_it(tmp_path: Path) -> None:
+    # The launched process stays alive but something it does not own (no tag, own session) takes
+    # the port, as an occupant that wins the race to bind does.
+    pidfile = tmp_path / "occupant.pid"
+    command = (f"bash -c 'env -u REPRO_PROCESS_TAG setsid {SIM} --enable-hierarchical-cache & echo $! > {pidfile}; "
+               "exec sleep 300'")
+    spec = spec_of({"hicache": HICACHE}, {"command": command, "port": "${port}", "ready": READY})
+    launch = resolve(spec, run_for(spec, hicache="on"), log_dir=tmp_path)
+    try:
+        held = r"port \d+ is held by pid \d+ \(.*repro.sim serve.*\), not by the launched bash"
+        with pytest.raises(TargetError, match=held):
+            with CellDeployment(launch, tmp_path, cell="c"):
+                pytest.fail("a cell must not measure a server it did not start")
+        assert group_gone(processes_file(tmp_path)[0]["pgid"])
+    finally:
+        if pidfile.exists():
+            os.kill(int(pidfile.read_text()), signal.SIGKILL)
+
+
+def test_a_server_without_server_info_leaves_the_cell_unconfirmed_and_failed(tmp_path: Path) -> None:
+    (tmp_path / "www").mkdir()
+    (tmp_path / "www" / "health").write_text("ok")
+    server = "${python} -m http.server ${port} --bind 127.0.0.1 --directory " + str(tmp_path / "www")
+    spec = spec_of({"hicache": HICACHE}, {"command": server, "port": "${port}", "ready": READY})
+    launch = resolve(spec, run_for(spec, hicache="off"), log_dir=tmp_path / "cell")
+    with pytest.raises(ConfirmationError, match="server has no /server_info, so enable_hierarchical_cache cannot be "
+                                                "confirmed"):
+        with CellDeployment(launch, tmp_path / "cell", cell="c"):
+            pytest.fail("an unconfirmed configuration must not be measured")
+    assert group_gone(processes_file(tmp_path / "cell")[0]["pgid"])
+
+
+def test_a_server_dying_under_load_is_seen_and_the_rest_of_the_deployment_stopped(tmp_path: Path) -> None:
+    deployment = {
+        "processes": [
+            {"name": "backend", "command": SIM.replace("${port}", "${b_port}"), "port": "${b_port}"},
+            {"name": "router", "command": SIM, "port": "${port}", "features": False},
+        ],
+        "ready": READY,
+        "stop_timeout": 5,
+    }
+    spec = spec_of({"hicache": HICACHE}, deployment, variables={"b_port": "auto"})
+    launch = resolve(spec, run_for(spec, hicache="on"), log_dir=tmp_path)
+    cell = CellDeployment(launch, tmp_path, cell="c-r1")
+    with cell, cell.watch() as watch:
+        backend, router = (proc for _, proc in cell.launched())
+        os.kill(backend.pid, signal.SIGKILL)
+        assert poll(lambda: watch.exit is not None)
+        assert poll(lambda: not router.alive)  # stopped at once: the load's requests fail fast
+    message = watch.exit.message("c-r1")
+    assert message.startswith("cell c-r1: backend was killed by SIGKILL while the load ran; its output ends with: ")
+    assert "Uvicorn running" in message or "fired up" in message
+    assert all(group_gone(p["pgid"]) for p in processes_file(tmp_path))
+
+
+def test_a_cells_log_is_capped_as_the_spec_says(tmp_path: Path) -> None:
+    chatty = "${python} -c \"[print('x' * 99) for _ in range(50000)]; print('bye')\""
+    spec = spec_of({"x": {"levels": {"a": {}, "b": {}}}},
+                   {"command": chatty, "port": "${port}", "ready": READY, "log_max_bytes": 100_000})
+    run = plan(spec)[0]
+    launch = resolve(spec, run, log_dir=tmp_path)
+    cell = CellDeployment(launch, tmp_path, cell="c")
+    with pytest.raises(TargetError, match=r"exited with code 0 before .* \| bye"):
+        with cell:
+            pass
+    assert sum(f.stat().st_size for f in tmp_path.glob("server.log*")) < 101_000
+    assert "[repro: this log is capped at 100000 bytes" in (tmp_path / "server.log").read_text()
+    (note,) = cell.log_notes()
+    assert note.startswith("server.log reached the cap of 100000 bytes")
+    # The matrix report says so beside the run.
+    record = CellRun(key=run.key, cell=run.cell.as_dict(), replicate=1, order=0, status="failed", message="m",
+                     notes=[note])
+    analysis = analyse(spec, [record], [c.as_dict() for c in cells(spec)], 2)
+    page = write_reports(tmp_path, analysis, ["x"], [record]).html.read_text()
+    assert f"<li>{run.key}: server.log reached the cap of 100000 bytes" in page

@@ -249,3 +249,89 @@ def test_resume_needs_a_matrix_directory(tmp_path: Path) -> None:
     done = subprocess.run([*REPRO, "matrix", str(SIM_SPEC), "--resume"], capture_output=True, text=True, timeout=60,
                           cwd=ROOT)
     assert done.returncode == 2 and "--resume needs --out" in done.stderr
+
+
+def pid_gone(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes() == b""  # a zombie has no command line left
+    except OSError:
+        return True
+
+
+def test_a_server_dying_mid_cell_fails_the_cell_with_its_exit_and_output_and_resume_reruns_it(tmp_path: Path) -> None:
+    # Long enough sessions that the first ends while the others still run; few, so the resume is quick.
+    spec = sim_spec(tmp_path, "die", load={**TINY, "sessions": 6, "concurrency": 2, "turns": 18}, design=ONE)
+    matrix = tmp_path / "m"
+    proc = start(["matrix", str(spec), "--out", str(matrix), "--no-cell-reports"], tmp_path / "m.log")
+    try:
+        poll(lambda: any(f.read_text() for f in matrix.glob("cells/*/sessions.jsonl")), 90, "the first cell's load")
+        (running,) = [d.name for d in matrix.glob("cells/*") if (d / "sessions.jsonl").exists()]
+        (server,) = json.loads((matrix / "logs" / running / "processes.json").read_text())
+        os.kill(server["pid"], signal.SIGKILL)
+        assert proc.wait(timeout=90) == 3, (tmp_path / "m.log").read_text()[-2000:]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    (record,) = progress(matrix)
+    assert record["key"] == running and record["status"] == "failed"
+    assert record["message"].startswith(
+        f"cell {running}: server was killed by SIGKILL while the load ran; its output ends with: "
+    )
+    assert not (matrix / "cells" / running).exists() and (matrix / record["run_dir"] / "sessions.jsonl").exists()
+    result = json.loads((matrix / "matrix.json").read_text())
+    assert result["runs"]["failed"] == 1 and result["runs"]["finished"] == 0
+    assert "excluded from the analysis" in (tmp_path / "m.log").read_text()
+    assert "Excluded from the analysis" in (matrix / "report.html").read_text()
+    assert all(group_gone(g) for g in launched_groups(matrix))
+
+    resumed = start(["matrix", str(spec), "--out", str(matrix), "--resume", "--no-cell-reports"], tmp_path / "r.log")
+    assert resumed.wait(timeout=400) == 0, (tmp_path / "r.log").read_text()[-2000:]
+    result = json.loads((matrix / "matrix.json").read_text())
+    assert result["runs"] == {"planned": 4, "finished": 4, "failed": 0}
+    assert (matrix / "cells" / running / "summary.json").exists()
+
+
+def test_sigkill_of_the_matrix_stops_its_servers_even_those_that_left_the_group(tmp_path: Path) -> None:
+    spec = sim_spec(tmp_path, "detach", load={**TINY, "sessions": 40, "concurrency": 2, "turns": 18}, design=ONE)
+    data = yaml.load(spec.read_text(), Loader=SpecLoader)
+    # A launcher that puts the server in a session of its own, as daemonising launch scripts do.
+    data["deployment"]["command"] = (
+        f"bash -c 'setsid {data['deployment']['command']} ${{flags}} & echo $! > ${{log_dir}}/server.pid; wait'"
+    )
+    spec.write_text(yaml.safe_dump(data, sort_keys=False))
+    matrix = tmp_path / "m"
+    proc = start(["matrix", str(spec), "--out", str(matrix), "--no-cell-reports"], tmp_path / "m.log")
+    try:
+        poll(lambda: any(f.read_text() for f in matrix.glob("cells/*/sessions.jsonl")), 90, "the first cell's load")
+        (pidfile,) = matrix.glob("logs/*/server.pid")
+        server = int(pidfile.read_text())
+        assert not pid_gone(server)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        poll(lambda: pid_gone(server) and all(group_gone(g, timeout=0) for g in launched_groups(matrix)), 30,
+             "every server process to end")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_a_cell_whose_port_another_server_answers_fails_and_is_not_analysed(tmp_path: Path) -> None:
+    from repro.sim.launch import start_sim
+
+    occupant = start_sim(["--time-scale", "0", "--enable-hierarchical-cache"], log_path=tmp_path / "occupant.log")
+    try:
+        spec = sim_spec(tmp_path, "busy", load=TINY, design=ONE, variables={"port": str(occupant.port)})
+        matrix = tmp_path / "m"
+        done = subprocess.run([*REPRO, "matrix", str(spec), "--out", str(matrix), "--keep-going", "--no-cell-reports"],
+                              capture_output=True, text=True, timeout=180, cwd=ROOT)
+    finally:
+        occupant.stop()
+    assert done.returncode == 3, done.stderr[-2000:]
+    records = progress(matrix)
+    assert len(records) == 4 and all(r["status"] == "failed" for r in records)
+    assert all(f"port {occupant.port} is already in use by pid {occupant.process.pid}" in r["message"] for r in records)
+    result = json.loads((matrix / "matrix.json").read_text())
+    assert result["runs"] == {"planned": 4, "finished": 0, "failed": 4} and result["factors"] == []
+    assert "4 run(s) failed and are excluded from the analysis" in done.stderr
+    assert "Excluded from the analysis" in (matrix / "report.html").read_text()
+    assert "Failed runs, excluded from the analysis" in (matrix / "report.md").read_text()

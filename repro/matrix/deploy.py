@@ -1,6 +1,7 @@
 """Launch and tear down one matrix cell's deployment: a single server, several processes (prefill,
 decode, router), or an external cluster through setup/teardown hooks; wait for readiness; confirm
-through `/server_info` that the cell runs the configuration the spec asked for.
+that the server answering is the one launched (its port free before, held by it after) and, through
+`/server_info`, that it runs the configuration the spec asked for; watch it while the load runs.
 
 `resolve` is pure apart from drawing free ports; `CellDeployment` does the I/O.
 """
@@ -13,22 +14,36 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
+from urllib.parse import urlsplit
 
 import httpx
 
 from repro.errors import TargetError, UsageError
+from repro.logcap import is_capped
 from repro.matrix.design import PlannedRun
 from repro.matrix.spec import AUTO, Level, MatrixSpec, ProcessSpec, Template
-from repro.procs import ManagedProcess, free_port, start_process, wait_http_ready
+from repro.procs import (
+    ManagedProcess,
+    confirm_listener,
+    free_port,
+    one_line,
+    port_in_use,
+    start_process,
+    wait_http_ready,
+)
 from repro.store import dump_json
 
 PROCESSES_FILE = "processes.json"
 """Written into the cell's log directory as each process starts: name, pid and process group."""
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "0.0.0.0", "::1", "::")
+WATCH_INTERVAL = 0.1
+"""Seconds between two looks at the launched processes while the load runs."""
 
 
 class ConfirmationError(TargetError):
@@ -45,6 +60,18 @@ class ProcessLaunch:
     ready_url: str | None
     info_url: str | None
     expect: dict[str, Any]
+
+    @property
+    def local_port(self) -> int | None:
+        """The port a launched process serves on this host (from its ready URL), which it must own."""
+        if self.argv is None or self.ready_url is None:
+            return None
+        parts = urlsplit(self.ready_url)
+        try:
+            port = parts.port
+        except ValueError:
+            return None
+        return port if parts.hostname in LOCAL_HOSTS else None
 
 
 @dataclass(frozen=True)
@@ -64,6 +91,7 @@ class LaunchPlan:
     hook_timeout: float = 0.0
     flags: list[str] = field(default_factory=list)
     """Every flag of the cell's levels, for the record."""
+    log_max_bytes: int | None = None
 
 
 def run_seed(spec: MatrixSpec, run: PlannedRun) -> int:
@@ -171,6 +199,7 @@ def resolve(
         ready_interval=deployment.ready.interval,
         stop_timeout=deployment.stop_timeout,
         flags=all_flags,
+        log_max_bytes=deployment.log_max_bytes,
         **hooks,
     )
 
@@ -237,11 +266,74 @@ def fetch_server_info(url: str, *, timeout: float = 10.0) -> dict[str, Any] | No
 
 @dataclass
 class Confirmation:
-    """What each process reported, and whether every expected key matched."""
+    """What each process reported (every expected key matched, or the cell did not start)."""
 
     server_info: dict[str, dict[str, Any] | None] = field(default_factory=dict)
-    unconfirmed: list[str] = field(default_factory=list)
-    """Processes that were asked to confirm keys but have no /server_info."""
+    notes: list[str] = field(default_factory=list)
+    """What could not be checked, such as a port held by a process the harness may not inspect."""
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is not None and code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+@dataclass(frozen=True)
+class ProcessExit:
+    """A launched process that ended while the cell's load ran."""
+
+    name: str
+    code: int | None
+    tail: str
+
+    def message(self, cell: str) -> str:
+        tail = f"; its output ends with: {self.tail}" if self.tail else ""
+        return f"cell {cell}: {self.name} {_describe_exit(self.code)} while the load ran{tail}"
+
+
+class ExitWatch:
+    """A context manager: while it is open, the first launched process to end is noted in `exit`
+    and the rest of the deployment is stopped at once, so the load's requests fail fast instead of
+    waiting out their timeouts on a half-dead deployment."""
+
+    def __init__(self, deployment: "CellDeployment", interval: float = WATCH_INTERVAL) -> None:
+        self.deployment = deployment
+        self.interval = interval
+        self.exit: ProcessExit | None = None
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name=f"watch-{deployment.cell}", daemon=True)
+
+    def _look(self) -> bool:
+        """Whether a launched process has ended; if so, note it and stop the others."""
+        procs = self.deployment.launched()
+        dead = next(((name, proc) for name, proc in procs if not proc.alive), None)
+        if dead is None:
+            return False
+        name, proc = dead
+        self.exit = ProcessExit(name, proc.returncode, one_line(proc.log_tail(10)))
+        for _, other in reversed(procs):
+            other.stop(self.deployment.plan.stop_timeout)
+        return True
+
+    def _watch(self) -> None:
+        while not self._done.wait(self.interval):
+            if self._look():
+                return
+
+    def __enter__(self) -> "ExitWatch":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join()
+        if self.exit is None:
+            # A death since the last look (the load may have ended, or failed, because of it).
+            self._look()
 
 
 class CellDeployment:
@@ -266,6 +358,24 @@ class CellDeployment:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    def launched(self) -> list[tuple[str, ManagedProcess]]:
+        """The deployment's own server processes (hooks excluded), by name."""
+        names = {launch.name for launch in self.plan.processes if launch.argv is not None}
+        return [(name, proc) for name, proc in self._procs if name in names]
+
+    def log_notes(self) -> list[str]:
+        """A note for each log that reached the cap (`log_max_bytes`) and lost its middle."""
+        return [
+            f"{entry['name']}.log reached the cap of {self.plan.log_max_bytes} bytes: its start and its latest "
+            f"output are kept ({entry['name']}.log, {entry['name']}.log.tail*)"
+            for entry in self._started
+            if is_capped(self.log_dir / f"{entry['name']}.log")
+        ]
+
+    def watch(self) -> ExitWatch:
+        """Watch the launched processes while the load runs (see ExitWatch)."""
+        return ExitWatch(self)
+
     def _record(self, name: str, proc: ManagedProcess) -> None:
         # Written before waiting on anything, so a post-mortem (or a test) can find every group we own.
         self._procs.append((name, proc))
@@ -273,7 +383,13 @@ class CellDeployment:
         dump_json(self.log_dir / PROCESSES_FILE, self._started)
 
     def _run_hook(self, name: str, argv: list[str]) -> None:
-        proc = start_process(argv, log_path=self.log_dir / f"{name}.log", env=self.plan.hook_env)
+        proc = start_process(
+            argv,
+            log_path=self.log_dir / f"{name}.log",
+            env=self.plan.hook_env,
+            grace=self.plan.stop_timeout,
+            log_max_bytes=self.plan.log_max_bytes,
+        )
         self._record(name, proc)
         try:
             proc.popen.wait(timeout=self.plan.hook_timeout)
@@ -281,7 +397,7 @@ class CellDeployment:
             proc.stop(self.plan.stop_timeout)
             raise TargetError(f"cell {self.cell}: {name} hook still running after {self.plan.hook_timeout:g}s")
         if proc.returncode != 0:
-            tail = " | ".join(line for line in proc.log_tail(5).splitlines() if line.strip())
+            tail = one_line(proc.log_tail(5))
             raise TargetError(
                 f"cell {self.cell}: {name} hook exited with code {proc.returncode}" + (f": {tail}" if tail else "")
             )
@@ -291,12 +407,26 @@ class CellDeployment:
         if self.plan.setup:
             self._set_up = True
             self._run_hook("setup", self.plan.setup)
+        for launch in self.plan.processes:
+            occupant = port_in_use(launch.local_port) if launch.local_port is not None else None
+            if occupant is not None:
+                # Readiness would succeed against the occupant and the cell would measure it.
+                raise TargetError(
+                    f"cell {self.cell}: {launch.name}: port {launch.local_port} is already in use by {occupant}; "
+                    "stop it or choose another port"
+                )
         waiting: list[tuple[ProcessLaunch, ManagedProcess | None]] = []
         for launch in self.plan.processes:
             if launch.argv is None:
                 waiting.append((launch, None))
                 continue
-            proc = start_process(launch.argv, log_path=self.log_dir / f"{launch.name}.log", env=launch.env)
+            proc = start_process(
+                launch.argv,
+                log_path=self.log_dir / f"{launch.name}.log",
+                env=launch.env,
+                grace=self.plan.stop_timeout,
+                log_max_bytes=self.plan.log_max_bytes,
+            )
             self._record(launch.name, proc)
             waiting.append((launch, proc))
         deadline = time.monotonic() + self.plan.ready_timeout
@@ -310,13 +440,29 @@ class CellDeployment:
                     process=proc,
                 )
             except TargetError as err:
-                # One line: the CLI prints errors on one line, the log tail joined with " | ".
-                detail = " | ".join(line for line in str(err).splitlines() if line.strip())
                 raise TargetError(
-                    f"cell {self.cell}: {launch.name}: {detail} "
+                    f"cell {self.cell}: {launch.name}: {one_line(str(err))} "
                     f"(ready timeout {self.plan.ready_timeout:g}s for the whole deployment)"
                 ) from None
-        return self._confirm()
+        notes = self._check_owners(waiting)
+        result = self._confirm()
+        # /server_info may have come from an occupant while the launched server was dying.
+        self._check_owners(waiting)
+        result.notes = notes
+        return result
+
+    def _check_owners(self, launched: list[tuple[ProcessLaunch, ManagedProcess | None]]) -> list[str]:
+        notes = []
+        for launch, proc in launched:
+            if proc is None or launch.local_port is None:
+                continue
+            try:
+                note = confirm_listener(proc, launch.local_port)
+            except TargetError as err:
+                raise ConfirmationError(f"cell {self.cell}: {launch.name}: {one_line(str(err))}") from None
+            if note:
+                notes.append(f"{launch.name}: {note}")
+        return notes
 
     def _confirm(self) -> Confirmation:
         result = Confirmation()
@@ -325,7 +471,11 @@ class CellDeployment:
             result.server_info[launch.name] = info
             if info is None:
                 if launch.expect:
-                    result.unconfirmed.append(launch.name)
+                    # An unconfirmed configuration must not be analysed as if it were the one asked for.
+                    raise ConfirmationError(
+                        f"cell {self.cell}: {launch.name} has no /server_info, so {', '.join(launch.expect)} "
+                        "cannot be confirmed; remove `confirm` from the spec to run it unconfirmed"
+                    )
                 continue
             wrong = mismatches(launch.expect, info)
             if wrong:

@@ -127,7 +127,12 @@ alpha {{ a.alpha }}, {{ a.correction }}-adjusted. Baseline:
 <td>{{ log_odds(e) }}</td><td>{{ p(e.p) }}</td><td>{{ p(e.p_adjusted) }}</td><td class="l">{{ e.test }}</td>
 <td>{{ "%.2f" % e.power if e.power is not none else "—" }}</td><td class="l">{{ e.reasons | join("; ") }}</td></tr>
 {% endfor %}</table>{% endif %}{% endfor %}
-{% if failed %}<h2>Failed runs</h2><ul>{% for r in failed %}<li>{{ r.key }}: {{ r.message }}</li>{% endfor %}</ul>{% endif %}
+{% if failed %}<h2>Failed runs</h2>
+<p>Excluded from the analysis: they did not measure the configuration asked for, or not to the end.
+<code>--resume</code> reruns them.</p>
+<ul>{% for r in failed %}<li>{{ r.key }}: {{ r.message }}</li>{% endfor %}</ul>{% endif %}
+{% if noted %}<h2>Notes on runs</h2><ul>{% for r in noted %}{% for note in r.notes %}
+<li>{{ r.key }}: {{ note }}</li>{% endfor %}{% endfor %}</ul>{% endif %}
 </body></html>
 """
 )
@@ -147,6 +152,7 @@ def render_html(analysis: MatrixAnalysis, factors: list[str], runs: list[CellRun
             ("Factors: wedged streams", analysis.wedges),
         ],
         failed=[r for r in runs if r.status == "failed"],
+        noted=[r for r in runs if getattr(r, "notes", None)],
         run_report=RUN_REPORT,
         rate=_rate,
         diff=_diff,
@@ -155,7 +161,7 @@ def render_html(analysis: MatrixAnalysis, factors: list[str], runs: list[CellRun
     )
 
 
-def render_markdown(analysis: MatrixAnalysis, factors: list[str]) -> str:
+def render_markdown(analysis: MatrixAnalysis, factors: list[str], runs: list[CellRun] | None = None) -> str:
     lines = [f"## repro matrix: {md_escape(analysis.name)}", "", md_escape(analysis.verdict or "No verdict yet."), ""]
     lines.append("| " + " | ".join(md_escape(f) for f in factors) + " | clean | corrupt | timeout | error | rate |")
     lines.append("|" + "---|" * (len(factors) + 5))
@@ -170,6 +176,10 @@ def render_markdown(analysis: MatrixAnalysis, factors: list[str]) -> str:
                 f"| {md_escape(e.label)} | {md_escape(e.verdict)} | {e.treated.k}/{e.treated.n} | "
                 f"{e.reference.k}/{e.reference.n} | {md_escape(_diff(e))} | {md_escape(_p(e.p_adjusted))} |"
             )
+    failed = [r for r in runs or [] if r.status == "failed"]
+    if failed:
+        lines += ["", "Failed runs, excluded from the analysis (`--resume` reruns them):", ""]
+        lines += [f"- {md_escape(r.key)}: {md_escape(r.message or 'no reason recorded')}" for r in failed]
     return "\n".join(lines) + "\n"
 
 
@@ -207,6 +217,6 @@ def write_reports(path: Path, analysis: MatrixAnalysis, factors: list[str], runs
     report = MatrixReport(root / HTML, root / MARKDOWN, root / JUNIT)
     reported = {d for cell in analysis.cells for d in cell.run_dirs if (root / d / RUN_REPORT).exists()}
     report.html.write_text(render_html(analysis, factors, runs, reported), encoding="utf-8")
-    report.markdown.write_text(render_markdown(analysis, factors), encoding="utf-8")
+    report.markdown.write_text(render_markdown(analysis, factors, runs), encoding="utf-8")
     report.junit.write_text(render_junit(analysis), encoding="utf-8")
     return report

@@ -102,7 +102,7 @@ def _append_progress(path: Path, record: CellRun) -> None:
 
 
 def _record_from_summary(run: PlannedRun, summary: Summary, rel: str, previous: CellRun | None) -> CellRun:
-    extra = previous.model_dump(include={"server_info", "unconfirmed", "launch", "duration_s"}) if previous else {}
+    extra = previous.model_dump(include={"server_info", "notes", "launch", "duration_s"}) if previous else {}
     return CellRun(
         key=run.key,
         cell=run.cell.as_dict(),
@@ -116,11 +116,12 @@ def _record_from_summary(run: PlannedRun, summary: Summary, rel: str, previous: 
     )
 
 
-def _move_aside(run_dir: Path) -> None:
+def _move_aside(run_dir: Path) -> Path:
     n = 1
     while (aside := run_dir.with_name(f"{run_dir.name}.partial-{n}")).exists():
         n += 1
     run_dir.rename(aside)
+    return aside
 
 
 class MatrixRunner:
@@ -257,15 +258,35 @@ class MatrixRunner:
             Text(f"[{run.order + 1}/{len(self.runs)}] cell {run.cell.name} replicate {run.replicate}: launching")
         )
         started = time.monotonic()
+        deployment = CellDeployment(launch, log_dir, cell=run.key)
+        watch = deployment.watch()
         try:
-            with CellDeployment(launch, log_dir, cell=run.key) as confirmation:
-                if confirmation.unconfirmed:
-                    self.console.print(
-                        Text(f"  no /server_info on {', '.join(confirmation.unconfirmed)}: configuration not confirmed")
-                    )
+            with deployment as confirmation, watch:
+                for note in confirmation.notes:
+                    self.console.print(Text(f"  not verified: {note}"))
                 result = execute_run(options, console=self.console, live=False, report=self.cell_reports)
         except TargetError as err:
-            return CellRun(status="failed", message=str(err), duration_s=time.monotonic() - started, **base)
+            message = watch.exit.message(run.key) if watch.exit else str(err)
+            return CellRun(
+                status="failed",
+                message=message,
+                notes=deployment.log_notes(),
+                duration_s=time.monotonic() - started,
+                **base,
+            )
+        notes = confirmation.notes + deployment.log_notes()
+        if watch.exit is not None:
+            # The sessions measured a deployment that was falling apart: not a result. Moved aside
+            # (kept for a post-mortem) so that --resume reruns the cell.
+            aside = _move_aside(self.path / CELLS / run.key)
+            return CellRun(
+                status="failed",
+                message=watch.exit.message(run.key),
+                run_dir=aside.relative_to(self.path).as_posix(),
+                notes=notes,
+                duration_s=time.monotonic() - started,
+                **base,
+            )
         if result.summary.interrupted:
             raise KeyboardInterrupt
         return CellRun(
@@ -274,7 +295,7 @@ class MatrixRunner:
             wedged=result.summary.wedged,
             run_dir=f"{CELLS}/{run.key}",
             server_info=confirmation.server_info,
-            unconfirmed=confirmation.unconfirmed,
+            notes=notes,
             duration_s=time.monotonic() - started,
             **base,
         )
@@ -333,5 +354,8 @@ def run_matrix(
             f"re-analyse with `repro matrix {spec_path} --out {path} --resume`"
         )
     console.print(Text(result.analysis.verdict or "No finished cells: no verdict."))
+    failed = sum(r.status == "failed" for r in runner.records.values())
+    if failed:
+        console.print(Text(f"{failed} run(s) failed and are excluded from the analysis (--resume reruns them)."))
     console.print(Text(f"matrix: {path} (matrix.json, report.html)"))
     return result

@@ -140,6 +140,8 @@ class Deployment(_Model):
     ready: Readiness = Field(default_factory=Readiness)
     stop_timeout: float = Field(30.0, gt=0)
     """Seconds between SIGTERM and SIGKILL at teardown."""
+    log_max_bytes: int = Field(200_000_000, ge=4096)
+    """Cap on each launched process's log: the first half is kept, then the latest output rotates."""
 
     @model_validator(mode="after")
     def _one_form(self) -> "Deployment":

@@ -6,7 +6,8 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from repro.procs import ManagedProcess, free_port, start_process, wait_http_ready
+from repro.errors import TargetError
+from repro.procs import ManagedProcess, confirm_listener, free_port, port_in_use, start_process, wait_http_ready
 
 
 class SimHandle:
@@ -37,14 +38,18 @@ def start_sim(
 ) -> SimHandle:
     """Launch `python -m repro.sim serve --host 127.0.0.1 --port P *args` and wait for `/health` to answer 200.
 
-    Raises TargetError (with the log's tail) when the simulator exits or is not ready in time.
+    Raises TargetError (with the log's tail) when the simulator exits or is not ready in time, or when
+    the port answers for another process (taken before the launch, or between choosing and binding it).
     """
+    if port is not None and (occupant := port_in_use(port)) is not None:
+        raise TargetError(f"port {port} is already in use by {occupant}")
     chosen = port if port is not None else free_port()
     cmd = [sys.executable, "-m", "repro.sim", "serve", "--host", "127.0.0.1", "--port", str(chosen), *args]
     process = start_process(cmd, log_path=log_path)
     handle = SimHandle(process, chosen)
     try:
         wait_http_ready(f"{handle.url}/health", timeout=ready_timeout, process=process)
+        confirm_listener(process, chosen)
     except BaseException:
         handle.stop()
         raise
