@@ -50,7 +50,8 @@ class CellRun(BaseModel):
     message: str | None = None
     """Why a failed run failed."""
     server_info: dict[str, Any] | None = None
-    unconfirmed: list[str] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+    """What the report should say about this run: port holders that could not be verified, capped logs."""
     launch: dict[str, Any] = Field(default_factory=dict)
     duration_s: float = 0.0
 
