@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+from pathlib import Path
 
 import jsonschema
 import pytest
@@ -22,6 +23,7 @@ from repro.sim.model import answer, object_for
 from repro.sim.parser import parse_output
 from repro.sim.protocol import Reply, StreamCursor
 from repro.errors import UsageError
+from repro.workload import load_workload
 
 TOOLS = [
     {"type": "function", "function": {"name": "read_file", "parameters": {
@@ -52,6 +54,14 @@ def test_answers_are_deterministic_and_valid_under_their_schemas() -> None:
             jsonschema.validate(call.arguments, schemas[call.name])
         message, reason = _message(first.raw)
         assert reason == "tool_calls" and check(message, finish_reason=reason, tools=TOOLS).label == "clean"
+
+
+def test_an_answer_never_issues_the_same_call_twice() -> None:
+    """Tools with few, small-domain arguments (the reading workload's) make two draws collide now and then."""
+    tools = load_workload(Path(__file__).parent.parent / "experiments" / "long_context_reading.yaml").workload.openai_tools()
+    for task in range(3000):
+        calls = answer([{"role": "user", "content": f"doc {task}"}], tools, "auto", seed=3, final_after_turns=9).calls
+        assert len({(c.name, json.dumps(c.arguments, sort_keys=True)) for c in calls}) == len(calls), calls
 
 
 def test_final_answer_after_the_configured_turns_unless_a_call_is_required() -> None:

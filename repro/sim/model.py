@@ -132,7 +132,9 @@ def answer(
     else:
         count = 1 if len(functions) == 1 or rng.random() < 0.7 else 2
         picked = [rng.choice(functions) for _ in range(count)]
-        calls = tuple(ToolCall(f["name"], object_for(f.get("parameters", {}), rng)) for f in picked)
+        drawn = [ToolCall(f["name"], object_for(f.get("parameters", {}), rng)) for f in picked]
+        # A sound model does not issue one call twice in a turn (the checker's duplicate-call rule): keep the first.
+        calls = tuple(call for i, call in enumerate(drawn) if call not in drawn[:i])
         names = " and ".join(c.name for c in calls)
         reasoning = rng.choice(_REASONING).format(action=f"call {names}")
         content = rng.choice(("", "", f"Let me run {names}."))
