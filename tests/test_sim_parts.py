@@ -59,8 +59,8 @@ def test_answers_are_deterministic_and_valid_under_their_schemas() -> None:
 def test_an_answer_never_issues_the_same_call_twice() -> None:
     """Tools with few, small-domain arguments (the reading workload's) make two draws collide now and then."""
     tools = load_workload(Path(__file__).parent.parent / "experiments" / "long_context_reading.yaml").workload.openai_tools()
-    for task in range(3000):
-        calls = answer([{"role": "user", "content": f"doc {task}"}], tools, "auto", seed=3, final_after_turns=9).calls
+    for task in range(1100, 1300):  # seed 1, task 1169 drew one search twice before the fix
+        calls = answer([{"role": "user", "content": f"doc {task}"}], tools, "auto", seed=1, final_after_turns=9).calls
         assert len({(c.name, json.dumps(c.arguments, sort_keys=True)) for c in calls}) == len(calls), calls
 
 
