@@ -20,6 +20,7 @@ from typing import Any
 import anyio
 
 from dsml_checker import StreamAccumulator
+from repro.rawtext import RawCollector
 from repro.records import TurnStatus
 from repro.transport import Endpoint, HTTPClient, TransportError
 
@@ -116,7 +117,9 @@ class _Clock:
 def _has_output(chunk: dict[str, Any]) -> bool:
     choices = chunk.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-        return False
+        return bool(chunk.get("text"))  # SGLang's /generate
+    if choices[0].get("text"):
+        return True  # /v1/completions
     delta = choices[0].get("delta")
     if not isinstance(delta, dict):
         return False
@@ -126,8 +129,9 @@ def _has_output(chunk: dict[str, Any]) -> bool:
 class _SSEReader:
     """Incremental Server-Sent Events parser feeding chat-completion chunks to a StreamAccumulator."""
 
-    def __init__(self, clock: _Clock) -> None:
+    def __init__(self, clock: _Clock, rawtext: RawCollector | None = None) -> None:
         self.clock = clock
+        self.rawtext = rawtext
         self.accumulator = StreamAccumulator()
         self.buffer = b""
         self.data: list[bytes] = []
@@ -177,6 +181,8 @@ class _SSEReader:
         if self.clock.first_token is None and _has_output(chunk):
             self.clock.first_token = time.perf_counter()
         self.accumulator.add_chunk(chunk)
+        if self.rawtext is not None:
+            self.rawtext.add_chunk(chunk)
 
     def finish(self) -> None:
         """The body ended: flush a last event and check that the answer is whole."""
@@ -211,12 +217,23 @@ def _http_error(status: int, body: bytes) -> str:
     return f"HTTP {status}" + (f": {excerpt}" if excerpt else "")
 
 
-def _parse_completion(body: bytes) -> tuple[dict[str, Any], str | None, dict[str, Any] | None, str | None]:
+def _json_object(body: bytes) -> dict[str, Any]:
     try:
         data = json.loads(body)
     except ValueError:
         raise _Failure(f"malformed response: not JSON: {body[:80]!r}") from None
-    choices = data.get("choices") if isinstance(data, dict) else None
+    if not isinstance(data, dict):
+        raise _Failure("malformed response: not a JSON object")
+    return data
+
+
+def _parse_completion(
+    body: bytes, rawtext: RawCollector | None = None
+) -> tuple[dict[str, Any], str | None, dict[str, Any] | None, str | None]:
+    data = _json_object(body)
+    if rawtext is not None:
+        rawtext.add_body(data)
+    choices = data.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         raise _Failure("malformed response: no choices")
     message = choices[0].get("message")
@@ -256,10 +273,11 @@ class _StallWatch:
 class _Turn:
     """The `ResponseSink` of one turn: times the response, keeps its bytes, parses the stream as it comes."""
 
-    def __init__(self, stream: bool) -> None:
+    def __init__(self, stream: bool, rawtext: RawCollector | None = None) -> None:
         self.clock = _Clock()
         self.stream = stream
-        self.reader = _SSEReader(self.clock)
+        self.rawtext = rawtext
+        self.reader = _SSEReader(self.clock, rawtext)
         self.raw = bytearray()
         self.status: int | None = None
         self.parse = False
@@ -291,19 +309,36 @@ class _Turn:
         assert self.status is not None
         if self.status >= 400:
             raise _Failure(_http_error(self.status, bytes(self.raw)))
-        if self.stream:
+        rawtext = self.rawtext
+        if rawtext is not None and not rawtext.chat:
+            self._conclude_text(rawtext, result)
+        elif self.stream:
             reader = self.reader
             reader.finish()
             result.message = reader.accumulator.message()
             result.finish_reason = reader.accumulator.finish_reason
             result.usage = reader.accumulator.usage
         else:
-            message, finish, usage, request_id = _parse_completion(bytes(self.raw))
+            message, finish, usage, request_id = _parse_completion(bytes(self.raw), rawtext)
             # Without streaming the first answer byte is the closest thing to a first token.
             self.clock.first_token = self.clock.first_bytes
             result.message, result.finish_reason, result.usage = message, finish, usage
             result.request_id = request_id
             result.chunks = 1
+        result.status = "ok"
+
+    def _conclude_text(self, rawtext: RawCollector, result: TurnResult) -> None:
+        """A raw-text endpoint's answer: no message (the caller parses the text), the rest from the collector."""
+        if self.stream:
+            self.reader.finish()
+        else:
+            rawtext.add_body(_json_object(bytes(self.raw)))
+            self.clock.first_token = self.clock.first_bytes
+            result.chunks = 1
+        problem = rawtext.problem()
+        if problem is not None:
+            raise _Failure(problem)
+        result.finish_reason, result.usage, result.request_id = rawtext.finish_reason, rawtext.usage, rawtext.request_id
         result.status = "ok"
 
 
@@ -320,12 +355,18 @@ async def send_turn(
     turn_timeout: float,
     stall_timeout: float,
     headers: dict[str, str] | None = None,
+    rawtext: RawCollector | None = None,
 ) -> TurnResult:
-    """POST one chat completion and classify how it ended; see the module docstring."""
+    """POST one chat completion and classify how it ended; see the module docstring.
+
+    `rawtext` is fed every stream event (or the body) to rebuild the generated text; when it is a
+    raw-text endpoint's collector (`chat` False), the answer is its text, `message` stays None and
+    the finish reason, usage and request id come from the collector.
+    """
     body = {**payload, "stream": stream}
-    if stream:
+    if stream and (rawtext is None or rawtext.source != "generate"):  # /generate takes no stream_options
         body.setdefault("stream_options", {"include_usage": True})
-    turn = _Turn(stream)
+    turn = _Turn(stream, rawtext)
     clock = turn.clock
     result = TurnResult(status="error")
     with anyio.move_on_after(turn_timeout) as budget, anyio.CancelScope() as stall_scope:

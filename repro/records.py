@@ -22,6 +22,9 @@ SessionOutcome = Literal["clean", "corrupt", "timeout", "error", "interrupted"]
 
 OUTCOMES: tuple[SessionOutcome, ...] = ("clean", "corrupt", "timeout", "error", "interrupted")
 
+CorruptSeen = Literal["raw", "parsed", "both"]
+"""Where a session's corruption showed: in the text the model generated, in the parsed message, or in both."""
+
 
 @dataclass(frozen=True)
 class OutcomeCounts:
@@ -110,6 +113,27 @@ class TurnRecord(_Record):
     error: str | None = None
     raw_path: str | None = None
     """Path of the turn's exact response bytes, relative to the run directory; set for every non-clean turn."""
+    parsed_verdict: TurnVerdict | None = None
+    """The verdict on the parsed message (what an agent saw); `findings` are its findings. None before raw mode existed."""
+    raw_verdict: TurnVerdict | None = None
+    """The verdict on the text the model generated; None in parsed mode or when that text was not whole."""
+    raw_findings: list[FindingRecord] = Field(default_factory=list)
+    """The raw verdict's findings; offsets into the rebuilt raw text (`raw_text_path`)."""
+    raw_source: str | None = None
+    """Where the raw text came from: `logprobs`, `completions` or `generate`; None in parsed mode."""
+    raw_complete: bool | None = None
+    """The raw text was whole enough to judge; False says why in `raw_gap`."""
+    raw_gap: str | None = None
+    raw_text_path: str | None = None
+    """Path of the rebuilt raw text (UTF-8), relative to the run directory; set for every non-clean turn."""
+
+    @property
+    def parser_effect(self) -> Literal["hidden", "made"] | None:
+        """`hidden`: the raw text is corrupt and the parsed message is not; `made`: the other way round (a parser bug)."""
+        if self.raw_verdict is None or self.parsed_verdict is None:
+            return None
+        raw, parsed = self.raw_verdict == "corrupt", self.parsed_verdict == "corrupt"
+        return "hidden" if raw and not parsed else "made" if parsed and not raw else None
 
 
 class SessionRecord(_Record):
@@ -131,6 +155,25 @@ class SessionRecord(_Record):
     rules: list[str] = Field(default_factory=list)
     """Distinct hard rule ids seen in the session, in order of first appearance."""
     error: str | None = None
+    corrupt_seen: CorruptSeen | None = None
+    """Which verdicts found corrupt turns (raw and parsed modes alike); None when none did or before raw mode."""
+
+    @property
+    def parser_effect(self) -> Literal["hidden", "made"] | None:
+        """`hidden`: only the raw text showed the session's corruption; `made`: only the parsed messages did,
+        on turns whose raw text was judged clean."""
+        if self.corrupt_seen == "raw":
+            return "hidden"
+        if self.corrupt_seen == "parsed" and any(turn.parser_effect == "made" for turn in self.turns):
+            return "made"
+        return None
+
+
+def corrupt_seen(turns: Sequence[TurnRecord]) -> CorruptSeen | None:
+    """Where a session's turns showed corruption: raw, parsed or both (see SessionRecord.corrupt_seen)."""
+    raw = any(turn.raw_verdict == "corrupt" for turn in turns)
+    parsed = any(turn.parsed_verdict == "corrupt" for turn in turns)
+    return "both" if raw and parsed else "raw" if raw else "parsed" if parsed else None
 
 
 class RateEstimate(_Record):
@@ -152,6 +195,53 @@ class Percentiles(_Record):
     p90: float | None = None
     p99: float | None = None
     max: float | None = None
+
+
+class ParserEffect(_Record):
+    """summary.json's comparison of the two verdicts (raw and both modes): how much damage the server's parser
+    hid (raw text corrupt, parsed message not) and how much it made (the other way round: a parser bug)."""
+
+    judged_turns: int = 0
+    """Turns judged on both the parsed message and a whole raw text."""
+    raw_incomplete_turns: int = 0
+    """Answered turns whose raw text was not whole (no or partial logprobs): judged on the parsed message only."""
+    raw_corrupt_turns: int = 0
+    parsed_corrupt_turns: int = 0
+    hidden_turns: int = 0
+    made_turns: int = 0
+    raw_corrupt_sessions: int = 0
+    parsed_corrupt_sessions: int = 0
+    hidden_sessions: int = 0
+    """Sessions whose corruption only the raw text showed: an agent saw nothing wrong."""
+    made_sessions: int = 0
+
+    @property
+    def hidden_share(self) -> float | None:
+        """Of the sessions whose raw text was corrupt, the share the parser made look clean."""
+        return self.hidden_sessions / self.raw_corrupt_sessions if self.raw_corrupt_sessions else None
+
+    @property
+    def made_share(self) -> float | None:
+        """Of the sessions whose parsed messages were corrupt, the share whose raw text was clean."""
+        return self.made_sessions / self.parsed_corrupt_sessions if self.parsed_corrupt_sessions else None
+
+    @classmethod
+    def of(cls, sessions: Sequence["SessionRecord"]) -> "ParserEffect":
+        turns = [turn for session in sessions for turn in session.turns if turn.status == "ok"]
+        judged = [turn for turn in turns if turn.raw_verdict is not None]
+        effects = [session.parser_effect for session in sessions]
+        return cls(
+            judged_turns=len(judged),
+            raw_incomplete_turns=sum(turn.raw_complete is False for turn in turns),
+            raw_corrupt_turns=sum(turn.raw_verdict == "corrupt" for turn in judged),
+            parsed_corrupt_turns=sum(turn.parsed_verdict == "corrupt" for turn in judged),
+            hidden_turns=sum(turn.parser_effect == "hidden" for turn in judged),
+            made_turns=sum(turn.parser_effect == "made" for turn in judged),
+            raw_corrupt_sessions=sum(session.corrupt_seen in ("raw", "both") for session in sessions),
+            parsed_corrupt_sessions=sum(session.corrupt_seen in ("parsed", "both") for session in sessions),
+            hidden_sessions=effects.count("hidden"),
+            made_sessions=effects.count("made"),
+        )
 
 
 class Summary(_Record):
@@ -180,6 +270,11 @@ class Summary(_Record):
     duration_s: float = 0.0
     interrupted: bool = False
     gate: dict[str, Any] | None = None
+    observe: str | None = None
+    """The observe mode that ran (raw, parsed, both); None for runs from before raw mode (parsed)."""
+    raw_source: str | None = None
+    parser_effect: ParserEffect | None = None
+    """Set when the run judged raw text (raw and both modes)."""
 
 
 class Manifest(_Record):
@@ -194,6 +289,8 @@ class Manifest(_Record):
     target: dict[str, Any]
     """At least base_url, model and embedded (bool); sim_args when embedded."""
     server_info: dict[str, Any] | None = None
+    observe: dict[str, Any] | None = None
+    """The observe mode requested and run, the raw source, what the capability probe found, and warnings."""
     versions: dict[str, str] = Field(default_factory=dict)
     started_at: str
     """ISO 8601, UTC."""

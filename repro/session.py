@@ -20,15 +20,17 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from dsml_checker import check
 from repro import sandbox
 from repro.client import TurnResult, send_turn
-from repro.records import FindingRecord, SessionRecord, TurnRecord
+from repro.observe import ObservePlan, finding_records, judge, parse_text, turn_request
+from repro.rawtext import RawText
+from repro.records import SessionRecord, TurnRecord, corrupt_seen
 from repro.transport import Endpoint, HTTPClient
 from repro.workload import Workload
 
-RawKeeper = Callable[[int, int, bytes], str]
-"""(session id, turn index, bytes) → path of the kept bytes relative to the run directory."""
+RawKeeper = Callable[..., str]
+"""(session id, turn index, bytes, suffix=…) → path of the kept bytes relative to the run directory."""
+RAW_TEXT_SUFFIX = "txt"
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,7 @@ class SessionConfig:
     stall_timeout: float = 30.0
     extra_body: dict[str, Any] = field(default_factory=dict)
     headers: dict[str, str] = field(default_factory=dict)
+    observe: ObservePlan = field(default_factory=ObservePlan)
 
     # Built once per run, not per turn: both showed up in the client's CPU profile.
     @functools.cached_property
@@ -55,7 +58,8 @@ class SessionConfig:
 
     @functools.cached_property
     def endpoint(self) -> Endpoint:
-        return Endpoint.parse(self.url)
+        """Where turns are sent: chat completions, or the raw-text endpoint the observe plan chose."""
+        return Endpoint.parse(self.observe.raw_url if self.observe.text_endpoint and self.observe.raw_url else self.url)
 
 
 def _assistant_message(message: dict[str, Any], turn: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -147,17 +151,28 @@ class Session:
             "temperature": workload.temperature,
             **config.extra_body,
         }
+        body, collector = turn_request(config.observe, payload)
         start_s = self.turn_start_s = self._now()
         result = await send_turn(
             self.client,
             config.endpoint,
-            payload,
+            body,
             stream=config.stream,
             turn_timeout=budget,
             stall_timeout=config.stall_timeout,
             headers=config.headers or None,
+            rawtext=collector,
         )
         record = self._turn_record(index, start_s, result)
+        rawtext: RawText | None = None
+        if collector is not None and result.status == "ok":
+            rawtext = collector.result(result.message)
+            if config.observe.text_endpoint:
+                result.message, result.finish_reason = parse_text(
+                    config.observe, rawtext.text, result.finish_reason,
+                    tools=config.tools, tool_choice=workload.tool_choice, turn=index,
+                )
+                record.finish_reason = result.finish_reason
         if result.status != "ok" or result.message is None:
             self.wedged = self.wedged or result.status == "stalled"
             self.failure = "error" if result.status == "error" else "timeout"
@@ -166,23 +181,33 @@ class Session:
                 self.error = f"session budget of {config.timeout:g}s used up during turn {index}"
             self._add(record, result)
             return False
-        verdict = check(result.message, finish_reason=result.finish_reason, tools=config.tools, tool_choice=workload.tool_choice)
-        record.verdict = verdict.label
-        record.findings = [FindingRecord.model_validate(finding.to_dict()) for finding in verdict.findings]
-        if verdict.label == "corrupt":
-            for finding in verdict.findings:
-                if finding.severity == "hard" and finding.rule not in self.rules:
-                    self.rules.append(finding.rule)
+        judgement = judge(
+            config.observe, result.message, finish_reason=result.finish_reason, tools=config.tools,
+            tool_choice=workload.tool_choice, rawtext=rawtext,
+        )
+        record.verdict = judgement.verdict
+        record.parsed_verdict = judgement.parsed.label
+        record.findings = finding_records(judgement.parsed)
+        if rawtext is not None:
+            record.raw_source, record.raw_complete, record.raw_gap = rawtext.source, rawtext.complete, rawtext.gap
+        if judgement.raw is not None:
+            record.raw_verdict = judgement.raw.label
+            record.raw_findings = finding_records(judgement.raw)
+        if judgement.verdict == "corrupt":
+            for verdict in (judgement.parsed, judgement.raw):
+                for finding in verdict.findings if verdict is not None and verdict.label == "corrupt" else ():
+                    if finding.severity == "hard" and finding.rule not in self.rules:
+                        self.rules.append(finding.rule)
         history, calls = _assistant_message(result.message, index)
         record.tool_calls = [call["function"]["name"] for call in calls]
-        self._add(record, result)
+        self._add(record, result, rawtext)
         self.messages.append(history)
         for call in calls:
             output = sandbox.execute(workload, call["function"]["name"], call["function"]["arguments"])
             self.messages.append({"role": "tool", "tool_call_id": call["id"], "content": output})
         if calls:
             return True
-        if verdict.label == "corrupt":
+        if judgement.verdict == "corrupt":
             self.messages.append({"role": "user", "content": workload.recovery_prompt})
             return True
         self.finished = True
@@ -207,9 +232,14 @@ class Session:
             error=result.error,
         )
 
-    def _add(self, record: TurnRecord, result: TurnResult) -> None:
-        if record.verdict != "clean":
+    def _add(self, record: TurnRecord, result: TurnResult, rawtext: RawText | None = None) -> None:
+        # A turn is kept when either verdict is not clean, so a parser's hidden damage has its evidence.
+        if record.verdict != "clean" or record.raw_verdict not in (None, "clean") or record.parsed_verdict not in (None, "clean"):
             record.raw_path = self.keep_raw(self.session_id, record.index, result.raw)
+            if rawtext is not None:
+                record.raw_text_path = self.keep_raw(
+                    self.session_id, record.index, rawtext.text.encode("utf-8", "surrogatepass"), suffix=RAW_TEXT_SUFFIX
+                )
         self.turns.append(record)
         if self.on_turn is not None:
             self.on_turn(record)
@@ -235,6 +265,7 @@ class Session:
             first_corrupt_turn=corrupt[0] if corrupt else None,
             rules=list(self.rules),
             error=self.error,
+            corrupt_seen=corrupt_seen(self.turns),
         )
 
     def interrupted(self) -> SessionRecord:

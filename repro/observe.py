@@ -1,0 +1,190 @@
+"""How a run observes a turn: the message the server's parser returned, the text the model generated, or both.
+
+`ObservePlan` is decided once per run (repro.rawprobe) and shared by every session:
+- `parsed`: the production request, unchanged; one verdict, on the parsed message.
+- `both` / `raw` with source `logprobs`: the chat request gains `logprobs: true, top_logprobs: 0`
+  and the generated text is rebuilt from the token strings (repro.rawtext).
+- `both` / `raw` with source `completions` or `generate` (a server whose chat logprobs do not cover
+  the tool-call tokens): the conversation is rendered client-side by DeepSeek's encoder and sent to
+  the raw-text endpoint; the tool calls are parsed client-side by an emulation of a real server's
+  parser (`dsml_checker.server_parsers.parse_as`), and the session goes on with those.
+
+`judge` gives each turn its verdicts: on the parsed message (what an agent saw), on the raw text
+(what the model emitted), and the combined one the run counts (`raw` mode: the raw verdict; `both`:
+the worse of the two). Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, get_args
+
+from dsml_checker import Verdict, check
+from repro.rawtext import RawCollector, RawSource, RawText, collector
+from repro.records import FindingRecord, TurnVerdict
+
+ObserveMode = Literal["raw", "parsed", "both"]
+OBSERVE_MODES: tuple[ObserveMode, ...] = get_args(ObserveMode)
+RawEndpoint = Literal["completions", "generate"]
+RAW_ENDPOINTS: tuple[RawEndpoint, ...] = get_args(RawEndpoint)
+DEFAULT_CLIENT_PARSER = "sglang-0.5.23"
+
+LOGPROB_FIELDS: dict[str, Any] = {"logprobs": True, "top_logprobs": 0}
+"""What raw mode adds to a chat request: every generated token's string, no alternatives."""
+
+_RANK = {"clean": 0, "suspect": 1, "corrupt": 2}
+
+
+@dataclass(frozen=True)
+class ObservePlan:
+    """What every turn of a run asks for and how it is judged."""
+
+    mode: ObserveMode = "parsed"
+    source: RawSource | None = None
+    """Where the raw text comes from; None in `parsed` mode."""
+    raw_url: str | None = None
+    """The raw-text endpoint (`…/v1/completions` or `…/generate`) when `source` is one of them."""
+    client_parser: str | None = None
+    """The emulated server parser that turns a raw-text endpoint's text into tool calls."""
+    fmt: str = "v4"
+    thinking: bool = True
+    """The prompt ends with `<think>`: the generated text starts with reasoning (DeepSeek's thinking mode)."""
+
+    @property
+    def text_endpoint(self) -> bool:
+        """The turn is sent to a raw-text endpoint instead of chat completions."""
+        return self.source in ("completions", "generate")
+
+    def describe(self) -> dict[str, Any]:
+        """The manifest's account of the plan: which mode ran, with which raw source, judged on what."""
+        if self.source is None:
+            parsed_on = "the server's parsed message"
+        elif self.text_endpoint:
+            parsed_on = f"a client-side emulation of the {self.client_parser} parser over the {self.source} text"
+        else:
+            parsed_on = "the server's parsed message"
+        return {
+            "mode": self.mode,
+            "raw_source": self.source,
+            "raw_url": self.raw_url,
+            "client_parser": self.client_parser if self.text_endpoint else None,
+            "fmt": self.fmt,
+            "parsed_verdict_on": parsed_on,
+            "request": (
+                "the production chat request, unchanged" if self.source is None
+                else "chat request with logprobs: true, top_logprobs: 0" if self.source == "logprobs"
+                else f"{self.source} request with the prompt rendered client-side (DeepSeek encoder, {self.fmt})"
+            ),
+        }
+
+
+def thinking_of(extra_body: dict[str, Any]) -> bool:
+    """Whether requests ask for thinking mode: DeepSeek's default unless `chat_template_kwargs` turns it off."""
+    kwargs = extra_body.get("chat_template_kwargs")
+    if isinstance(kwargs, dict):
+        for key in ("thinking", "enable_thinking"):
+            if isinstance(kwargs.get(key), bool):
+                return kwargs[key]
+    return True
+
+
+def text_request(source: RawSource, payload: dict[str, Any], *, fmt: str, thinking: bool) -> dict[str, Any]:
+    """A chat payload as a raw-text request: the conversation rendered to a prompt, the same sampling.
+
+    The prompt has no BOS: both servers tokenize a text prompt with the tokenizer's special tokens and
+    would add it twice. Special tokens are kept in the output, so the end of sentence can be judged.
+    """
+    from dsml_checker.encoding import encode_messages
+
+    prompt = encode_messages(
+        payload["messages"], tools=payload.get("tools"), fmt=fmt, thinking=thinking, add_default_bos_token=False
+    )
+    sampling = {"max_tokens": payload.get("max_tokens"), "temperature": payload.get("temperature")}
+    if source == "generate":
+        params = {"max_new_tokens": sampling["max_tokens"], "temperature": sampling["temperature"]}
+        params = {key: value for key, value in params.items() if value is not None}
+        return {"text": prompt, "sampling_params": {**params, "skip_special_tokens": False}}
+    body = {"model": payload.get("model"), "prompt": prompt, **sampling, "skip_special_tokens": False}
+    return {key: value for key, value in body.items() if value is not None}
+
+
+def turn_request(plan: ObservePlan, payload: dict[str, Any]) -> tuple[dict[str, Any], RawCollector | None]:
+    """The body to send for one turn and the collector that rebuilds its raw text (None in parsed mode)."""
+    if plan.source is None:
+        return payload, None
+    if plan.text_endpoint:
+        return text_request(plan.source, payload, fmt=plan.fmt, thinking=plan.thinking), collector(plan.source)
+    return {**payload, **LOGPROB_FIELDS}, collector("logprobs")
+
+
+def _openai_calls(calls: Any, turn: int) -> list[dict[str, Any]]:
+    """An emulated parser's calls as OpenAI `tool_calls` (arguments as a JSON string, as servers send them)."""
+    import json
+
+    out = []
+    for position, call in enumerate(calls or []):
+        name = getattr(call, "name", None)
+        arguments = getattr(call, "arguments", None)
+        if isinstance(call, dict):
+            function = call.get("function") if isinstance(call.get("function"), dict) else call
+            name, arguments = function.get("name"), function.get("arguments")
+        if not isinstance(arguments, str):
+            arguments = json.dumps(arguments if arguments is not None else {}, ensure_ascii=False)
+        out.append({"id": f"call_{turn}_{position}", "type": "function", "function": {"name": name, "arguments": arguments}})
+    return out
+
+
+def parse_text(
+    plan: ObservePlan, text: str, finish_reason: str | None, *, tools: Any, tool_choice: Any, turn: int
+) -> tuple[dict[str, Any], str | None]:
+    """A raw-text endpoint's text as the message and finish reason the emulated server would have returned."""
+    from dsml_checker.server_parsers import parse_as
+
+    parsed = parse_as(plan.client_parser or DEFAULT_CLIENT_PARSER, text, tools=tools, tool_choice=tool_choice, fmt=plan.fmt)
+    calls = _openai_calls(parsed.calls, turn)
+    message = {
+        "role": "assistant",
+        "content": parsed.content,
+        "reasoning_content": parsed.reasoning,
+        "tool_calls": calls or None,
+    }
+    if calls and finish_reason == "stop":
+        finish_reason = "tool_calls"  # as a chat endpoint reports a turn that ended in calls
+    return message, finish_reason
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """A turn's verdicts: the combined one the run counts, on the parsed message, and on the raw text."""
+
+    verdict: TurnVerdict
+    parsed: Verdict
+    raw: Verdict | None
+    """None in parsed mode, or when the raw text was not whole."""
+
+
+def judge(
+    plan: ObservePlan,
+    message: dict[str, Any],
+    *,
+    finish_reason: str | None,
+    tools: Any,
+    tool_choice: Any,
+    rawtext: RawText | None,
+) -> Judgement:
+    """Both verdicts of a turn and how they combine under the plan's mode (module docstring)."""
+    whole = rawtext is not None and rawtext.complete
+    parsed = check(message, finish_reason=finish_reason, tools=tools, tool_choice=tool_choice)
+    if not whole:
+        return Judgement(parsed.label, parsed, None)
+    assert rawtext is not None
+    from dsml_checker import check_raw
+
+    raw = check_raw(rawtext.text, tools=tools, tool_choice=tool_choice, finish_reason=finish_reason, fmt=plan.fmt)
+    if plan.mode == "raw":
+        return Judgement(raw.label, parsed, raw)
+    return Judgement(max(parsed.label, raw.label, key=_RANK.__getitem__), parsed, raw)
+
+
+def finding_records(verdict: Verdict) -> list[FindingRecord]:
+    return [FindingRecord.model_validate(finding.to_dict()) for finding in verdict.findings]
