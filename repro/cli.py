@@ -119,6 +119,15 @@ def run_command(
     max_corruption_rate: float | None = typer.Option(
         None, "--max-corruption-rate", help="Gate the run: exit 1 unless the rate is shown below this."
     ),
+    observe: str | None = typer.Option(
+        None, "--observe", help="Judge raw|parsed|both: the model's raw text, the parsed message, or both (default: both where the target shows raw text)."
+    ),
+    raw_endpoint: str | None = typer.Option(
+        None, "--raw-endpoint", help="Raw text from completions|generate instead of chat logprobs (default: logprobs when they cover tool calls)."
+    ),
+    client_parser: str | None = typer.Option(
+        None, "--client-parser", help="Server parser emulated over a raw endpoint's text (default: sglang-0.5.23)."
+    ),
     config: Path | None = typer.Option(None, "--config", help="YAML file of these options; the command line wins."),
 ) -> None:
     """Drive a deployment with concurrent agentic sessions and classify each as clean, corrupt, timeout or error."""

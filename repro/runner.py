@@ -9,6 +9,7 @@ and a usage or target error should not wait for them.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import platform
@@ -41,12 +42,14 @@ from repro.errors import (
 )
 from repro.load import LoadProgress, run_load
 from repro.metrics import MetricsScraper, metrics_url, server_root
+from repro.observe import DEFAULT_CLIENT_PARSER, ObserveMode, RawEndpoint, thinking_of
+from repro.rawprobe import PROBE_TIMEOUT_S, ProbeRequest, ProbeResult, probe
 from repro.records import Manifest, SessionRecord, Summary
 from repro.session import Session, SessionConfig
 from repro.sim.launch import start_sim
 from repro.store import METRICS, REPORT, RunWriter, check_new_run_dir, slug
 from repro.transport import Endpoint, tls_context
-from repro.workload import load_workload
+from repro.workload import Workload, load_workload
 
 EMBEDDED_SIM_ARGS = ("--enable-hierarchical-cache", "--index-k-dtype", "bf16", "--enable-metrics", "--enable-cache-report")
 """The seeds' faulty configuration: HiCache on, bf16 index-K, no index-K gate (the fix flag absent); metrics on."""
@@ -80,6 +83,21 @@ class RunOptions(BaseModel):
     sim_args: list[str] = Field(default_factory=list)
     max_corruption_rate: float | None = Field(default=None, ge=0.0, lt=1.0)
     """Gate the run at its end (repro.gate): the exit code says pass, fail or inconclusive."""
+    observe: ObserveMode | None = None
+    """Judge the parsed message, the raw generated text, or both; None: both where the target shows raw text."""
+    raw_endpoint: RawEndpoint | None = None
+    """Take raw text from this endpoint instead of chat logprobs; None: logprobs when they cover tool calls."""
+    client_parser: str = DEFAULT_CLIENT_PARSER
+    """The server parser emulated client-side over a raw-text endpoint's text (repro.observe)."""
+
+    @field_validator("client_parser")
+    @classmethod
+    def _known_parser(cls, value: str) -> str:
+        from dsml_checker.server_parsers import PARSERS
+
+        if value not in PARSERS:
+            raise ValueError(f"unknown parser {value!r}; expected one of {', '.join(PARSERS)}")
+        return value
 
     @field_validator("base_url")
     @classmethod
@@ -205,6 +223,22 @@ def _embedded_sim(options: RunOptions, run_dir: Path, console: Console) -> Itera
         yield sim.base_url
 
 
+def _observe(options: RunOptions, config: SessionConfig, base_url: str, headers: dict[str, str]) -> ProbeResult:
+    """The run's observe plan, probed on the target before the load (repro.rawprobe)."""
+    request = ProbeRequest(
+        base_url=base_url,
+        payload=config.payload(config.opening(0)),
+        stream=options.stream,
+        timeout=min(options.turn_timeout, PROBE_TIMEOUT_S),
+        headers=headers,
+        requested=options.observe,
+        raw_endpoint=options.raw_endpoint,
+        client_parser=options.client_parser,
+        thinking=thinking_of(options.extra_body),
+    )
+    return anyio.run(probe, request)
+
+
 def _run_dir(options: RunOptions, name: str) -> Path:
     if options.out is not None:
         return options.out
@@ -296,11 +330,19 @@ def execute_run(
             stack.callback(writer.close)
             base_url = stack.enter_context(_embedded_sim(options, run_dir, console))
             target = resolve_target(base_url, options.model, headers, embedded=True, sim_args=[*EMBEDDED_SIM_ARGS, *options.sim_args])
+            config = _session_config(options, target, loaded.workload, headers)
+            observed = _observe(options, config, base_url, headers)
         else:
             base_url = options.base_url
             target = resolve_target(base_url, options.model, headers, embedded=False, sim_args=[])
+            config = _session_config(options, target, loaded.workload, headers)
+            # Before the run directory exists: a target that cannot show raw text leaves nothing behind.
+            observed = _observe(options, config, base_url, headers)
             writer = RunWriter(run_dir)
             stack.callback(writer.close)
+        config = dataclasses.replace(config, observe=observed.plan)
+        for warning in observed.warnings:
+            say(console, warning)
         manifest = Manifest(
             name=name,
             run_id=run_dir.name,
@@ -314,27 +356,18 @@ def execute_run(
                 **({"sim_args": target.sim_args} if target.embedded else {}),
             },
             server_info=target.server_info,
+            observe=observed.manifest_entry(options.observe),
             versions=_versions(),
             started_at=_utc_now(),
         )
         writer.write_manifest(manifest)
-        config = SessionConfig(
-            url=f"{base_url}/chat/completions",
-            model=target.model,
-            workload=loaded.workload,
-            seed=options.seed,
-            stream=options.stream,
-            turns=options.turns,
-            timeout=options.timeout,
-            turn_timeout=options.turn_timeout,
-            stall_timeout=options.stall_timeout,
-            extra_body=options.extra_body,
-            headers=headers,
-        )
         records, interrupted, lag, duration = anyio.run(_drive, options, config, writer, console, live, base_url)
     from repro.summary import summarize
 
-    summary = summarize(records, loop_lag_s=lag, duration_s=duration, interrupted=interrupted)
+    summary = summarize(
+        records, loop_lag_s=lag, duration_s=duration, interrupted=interrupted,
+        observe=config.observe.mode, raw_source=config.observe.source,
+    )
     writer.write_summary(summary)
     writer.write_manifest(manifest.model_copy(update={"ended_at": _utc_now()}))
     exit_code = EXIT_INTERRUPTED if interrupted else EXIT_OK
@@ -345,6 +378,22 @@ def execute_run(
     if report:
         _report(run_dir, console)
     return RunResult(path=run_dir, summary=summary, exit_code=exit_code)
+
+
+def _session_config(options: RunOptions, target: Target, workload: Workload, headers: dict[str, str]) -> SessionConfig:
+    return SessionConfig(
+        url=f"{target.base_url}/chat/completions",
+        model=target.model,
+        workload=workload,
+        seed=options.seed,
+        stream=options.stream,
+        turns=options.turns,
+        timeout=options.timeout,
+        turn_timeout=options.turn_timeout,
+        stall_timeout=options.stall_timeout,
+        extra_body=options.extra_body,
+        headers=headers,
+    )
 
 
 def _gate(run_dir: Path, summary: Summary, limit: float, writer: RunWriter, console: Console) -> tuple[Summary, int]:

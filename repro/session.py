@@ -61,6 +61,27 @@ class SessionConfig:
         """Where turns are sent: chat completions, or the raw-text endpoint the observe plan chose."""
         return Endpoint.parse(self.observe.raw_url if self.observe.text_endpoint and self.observe.raw_url else self.url)
 
+    def opening(self, session_id: int) -> list[dict[str, Any]]:
+        """The messages a session starts with: the system prompt and its task."""
+        workload = self.workload
+        return [
+            {"role": "system", "content": workload.system_prompt},
+            {"role": "user", "content": workload.task_for(session_id, self.seed)},
+        ]
+
+    def payload(self, messages: list[dict[str, Any]]) -> dict[str, Any]:
+        """The production chat request for a conversation (before the observe plan adds to it)."""
+        workload = self.workload
+        return {
+            "model": self.model,
+            "messages": messages,
+            "tools": self.tools,
+            "tool_choice": workload.tool_choice,
+            "max_tokens": workload.max_tokens,
+            "temperature": workload.temperature,
+            **self.extra_body,
+        }
+
 
 def _assistant_message(message: dict[str, Any], turn: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The message to send back as history, and its tool calls with ids and string arguments."""
@@ -107,12 +128,8 @@ class Session:
         self.origin = origin
         """time.perf_counter() of the run's start; record times are relative to it."""
         self.on_turn = on_turn
-        workload = config.workload
-        self.task = workload.task_for(session_id, config.seed)
-        self.messages: list[dict[str, Any]] = [
-            {"role": "system", "content": workload.system_prompt},
-            {"role": "user", "content": self.task},
-        ]
+        self.messages: list[dict[str, Any]] = config.opening(session_id)
+        self.task = self.messages[-1]["content"]
         self.turns: list[TurnRecord] = []
         self.start_s = self._now()
         self.turn_start_s = self.start_s
@@ -142,16 +159,7 @@ class Session:
         """Play one turn; False when the session cannot go on."""
         config = self.config
         workload = config.workload
-        payload = {
-            "model": config.model,
-            "messages": self.messages,
-            "tools": config.tools,
-            "tool_choice": workload.tool_choice,
-            "max_tokens": workload.max_tokens,
-            "temperature": workload.temperature,
-            **config.extra_body,
-        }
-        body, collector = turn_request(config.observe, payload)
+        body, collector = turn_request(config.observe, config.payload(self.messages))
         start_s = self.turn_start_s = self._now()
         result = await send_turn(
             self.client,
