@@ -198,7 +198,7 @@ MISSES = [(rule, i, case) for rule, (_, negative) in CASES.items() for i, case i
 
 
 def test_every_registered_rule_has_cases() -> None:
-    assert set(CASES) == set(RULES)
+    assert set(CASES) == {rule for rule in RULES if not rule.startswith("raw-")}  # raw rules: test_dsml_raw.py
     for rule, (positive, negative) in CASES.items():
         assert positive and negative, rule
 
