@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 from dsml_checker import check
 from repro import sandbox
-from repro.client import TurnResult, send_turn
+from repro.client import MAX_TURN_BYTES, TurnResult, send_turn
 from repro.records import FindingRecord, SessionRecord, TurnRecord
 from repro.transport import Endpoint, HTTPClient
 from repro.workload import Workload
@@ -45,6 +45,7 @@ class SessionConfig:
     timeout: float = 180.0
     turn_timeout: float = 120.0
     stall_timeout: float = 30.0
+    max_turn_bytes: int = MAX_TURN_BYTES
     extra_body: dict[str, Any] = field(default_factory=dict)
     headers: dict[str, str] = field(default_factory=dict)
 
@@ -156,6 +157,7 @@ class Session:
             turn_timeout=budget,
             stall_timeout=config.stall_timeout,
             headers=config.headers or None,
+            max_bytes=config.max_turn_bytes,
         )
         record = self._turn_record(index, start_s, result)
         if result.status != "ok" or result.message is None:
@@ -205,6 +207,7 @@ class Session:
             cached_tokens=result.cached_tokens,
             request_id=result.request_id,
             error=result.error,
+            truncated_at=result.truncated_at,
         )
 
     def _add(self, record: TurnRecord, result: TurnResult) -> None:
