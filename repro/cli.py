@@ -109,6 +109,9 @@ def run_command(
     timeout: float | None = typer.Option(None, "--timeout", help="Whole-session budget, seconds (default: 180)."),
     turn_timeout: float | None = typer.Option(None, "--turn-timeout", help="One request's budget, seconds (default: 120)."),
     stall_timeout: float | None = typer.Option(None, "--stall-timeout", help="No bytes this long: wedged (default: 30)."),
+    max_turn_bytes: int | None = typer.Option(
+        None, "--max-turn-bytes", help="Cut a response longer than this and call the turn an error (default: 64 MiB)."
+    ),
     workload: Path | None = typer.Option(None, "--workload", help="Workload YAML (default: experiments/agentic_coding.yaml)."),
     seed: int | None = typer.Option(None, "--seed", help="Seed of the session tasks (default: 0)."),
     name: str | None = typer.Option(None, "--name", help="Run name (default: the workload's)."),

@@ -2,6 +2,9 @@
 
 These models are the contract of design.md ("Run directory", "Outcomes"). Field names are part of
 the on-disk format that other tools read: add fields freely, never rename or remove one.
+
+Stored text is UTF-8: a lone surrogate (JSON may escape one, `"\ud800"`, and non-UTF-8 argv
+arrives as one) is written as U+FFFD; the raw files keep the server's exact bytes.
 """
 
 from __future__ import annotations
@@ -9,7 +12,17 @@ from __future__ import annotations
 from dataclasses import astuple, dataclass
 from typing import Any, Literal, Sequence
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializationInfo,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+    model_validator,
+)
+
+from repro.untrusted import scrub_json
 
 TurnVerdict = Literal["clean", "corrupt", "suspect"]
 """dsml_checker's label for a turn that produced a whole answer."""
@@ -70,6 +83,18 @@ class _Record(BaseModel):
     # Readers must accept files written by newer versions that added fields.
     model_config = ConfigDict(extra="allow")
 
+    # Serialising a lone surrogate to JSON raises, which would lose the record (and the run): scrub what
+    # comes in (dict keys of free-form fields included), and what was assigned after construction.
+    @model_validator(mode="before")
+    @classmethod
+    def _utf8_in(cls, data: Any) -> Any:
+        return scrub_json(data) if isinstance(data, dict) else data
+
+    @model_serializer(mode="wrap")
+    def _utf8_out(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> Any:
+        data = handler(self)
+        return scrub_json(data) if info.mode_is_json() else data
+
 
 class FindingRecord(_Record):
     """One dsml_checker finding, as stored."""
@@ -113,6 +138,9 @@ class TurnRecord(_Record):
     error: str | None = None
     raw_path: str | None = None
     """Path of the turn's exact response bytes, relative to the run directory; set for every non-clean turn."""
+    truncated_at: int | None = None
+    """The response passed the per-turn byte cap (--max-turn-bytes): reading stopped, and the raw file
+    holds exactly this many bytes, the first ones received."""
     parsed_verdict: TurnVerdict | None = None
     """The verdict on the parsed message (what an agent saw); `findings` are its findings. None before raw mode existed."""
     raw_verdict: TurnVerdict | None = None

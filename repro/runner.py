@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
 import platform
 import resource
@@ -29,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from rich.console import Console
 
 from repro import __version__
-from repro.client import make_client
+from repro.client import MAX_TURN_BYTES, make_client
 from repro.display import final_view, say, show_progress
 from repro.errors import (
     EXIT_INTERRUPTED,
@@ -49,6 +48,7 @@ from repro.session import Session, SessionConfig
 from repro.sim.launch import start_sim
 from repro.store import METRICS, REPORT, RunWriter, check_new_run_dir, slug
 from repro.transport import Endpoint, tls_context
+from repro.untrusted import parse_json
 from repro.workload import Workload, load_workload
 
 EMBEDDED_SIM_ARGS = ("--enable-hierarchical-cache", "--index-k-dtype", "bf16", "--enable-metrics", "--enable-cache-report")
@@ -72,6 +72,8 @@ class RunOptions(BaseModel):
     timeout: float = Field(default=180.0, gt=0.0)
     turn_timeout: float = Field(default=120.0, gt=0.0)
     stall_timeout: float = Field(default=30.0, gt=0.0)
+    max_turn_bytes: int = Field(default=MAX_TURN_BYTES, ge=1024)
+    """Cap on one response's bytes: a longer one is cut there and the turn is an error."""
     workload: Path | None = None
     """None: the packaged experiments/agentic_coding.yaml."""
     seed: int = 0
@@ -114,7 +116,7 @@ class RunOptions(BaseModel):
     def _json_object(cls, value: Any) -> Any:
         if isinstance(value, str):
             try:
-                value = json.loads(value)
+                value = parse_json(value)
             except ValueError as err:
                 raise ValueError(f"not valid JSON: {err}") from None
         if not isinstance(value, dict):
@@ -198,7 +200,7 @@ def resolve_target(base_url: str, model: str | None, headers: dict[str, str], *,
         if response.status_code != 200:
             raise TargetError(f"target {base_url}/models answered HTTP {response.status_code}")
         try:
-            listed = [str(entry["id"]) for entry in response.json().get("data", [])]
+            listed = [str(entry["id"]) for entry in parse_json(response.content).get("data", [])]
         except (ValueError, AttributeError, KeyError, TypeError):
             raise TargetError(f"target {base_url}/models did not return an OpenAI model list") from None
         if model is None:
@@ -208,8 +210,9 @@ def resolve_target(base_url: str, model: str | None, headers: dict[str, str], *,
         server_info = None
         with contextlib.suppress(httpx.HTTPError, ValueError):
             info = client.get(server_root(base_url) + "/server_info")
-            if info.status_code == 200 and isinstance(info.json(), dict):
-                server_info = info.json()
+            info_json = parse_json(info.content) if info.status_code == 200 else None
+            if isinstance(info_json, dict):
+                server_info = info_json
     return Target(base_url=base_url, model=model, embedded=embedded, sim_args=sim_args, server_info=server_info)
 
 
@@ -391,6 +394,7 @@ def _session_config(options: RunOptions, target: Target, workload: Workload, hea
         timeout=options.timeout,
         turn_timeout=options.turn_timeout,
         stall_timeout=options.stall_timeout,
+        max_turn_bytes=options.max_turn_bytes,
         extra_body=options.extra_body,
         headers=headers,
     )

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from repro import sandbox
-from repro.client import TurnResult, send_turn
+from repro.client import MAX_TURN_BYTES, TurnResult, send_turn
 from repro.observe import ObservePlan, finding_records, judge, parse_text, turn_request
 from repro.rawtext import RawText
 from repro.records import SessionRecord, TurnRecord, corrupt_seen
@@ -47,6 +47,7 @@ class SessionConfig:
     timeout: float = 180.0
     turn_timeout: float = 120.0
     stall_timeout: float = 30.0
+    max_turn_bytes: int = MAX_TURN_BYTES
     extra_body: dict[str, Any] = field(default_factory=dict)
     headers: dict[str, str] = field(default_factory=dict)
     observe: ObservePlan = field(default_factory=ObservePlan)
@@ -169,6 +170,7 @@ class Session:
             turn_timeout=budget,
             stall_timeout=config.stall_timeout,
             headers=config.headers or None,
+            max_bytes=config.max_turn_bytes,
             rawtext=collector,
         )
         record = self._turn_record(index, start_s, result)
@@ -238,6 +240,7 @@ class Session:
             cached_tokens=result.cached_tokens,
             request_id=result.request_id,
             error=result.error,
+            truncated_at=result.truncated_at,
         )
 
     def _add(self, record: TurnRecord, result: TurnResult, rawtext: RawText | None = None) -> None:

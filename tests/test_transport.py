@@ -101,6 +101,8 @@ class Server:
 class Sink:
     events: list[str] = field(default_factory=list)
     status: int | None = None
+    fields: dict[str, str] = field(default_factory=dict)
+    head_pieces: int = 0
     data: bytearray = field(default_factory=bytearray)
     refuse: bool = False
     first_body: anyio.Event = field(default_factory=anyio.Event)
@@ -111,8 +113,12 @@ class Sink:
     def waiting(self) -> None:
         self.events.append("waiting")
 
-    def headers(self, status: int) -> None:
+    def head(self) -> None:
+        self.head_pieces += 1
+
+    def headers(self, status: int, fields: dict[str, str]) -> None:
         self.status = status
+        self.fields = fields
 
     def body(self, data: bytes) -> None:
         if self.refuse:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from repro.report.model import ReportModel, fmt_conf, fmt_pct, fmt_points, fmt_range
+from repro.report.model import ReportModel, clip, fmt_conf, fmt_pct, fmt_points, fmt_range
 
 # Only what acts mid-line: emphasis, code, links, tables, strikethrough, @mentions and #issue links.
 _SPECIAL = re.compile(r"([\\`*_\[\]|~@#])")
@@ -16,14 +16,14 @@ _ICON = {"corrupt": "🔴", "clean": "🟢", "inconclusive": "🟠"}
 
 
 def md_escape(text: object) -> str:
-    """Text safe in a Markdown table cell: no HTML, no Markdown syntax, no line breaks."""
-    value = str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    """Text safe in a Markdown table cell: no HTML, no Markdown syntax, no line breaks; bounded in length."""
+    value = clip(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
     return _SPECIAL.sub(r"\\\1", re.sub(r"\s+", " ", value))
 
 
 def _code(text: str) -> str:
     """A code span: nothing inside it is Markdown, so only backticks and line breaks must go."""
-    return "`" + re.sub(r"[`\s]+", " ", text) + "`"
+    return "`" + re.sub(r"[`\s]+", " ", clip(text)) + "`"
 
 
 def render_markdown(model: ReportModel) -> str:

@@ -30,6 +30,23 @@ VerdictKind = Literal["corrupt", "clean", "inconclusive"]
 
 CONTEXT_CHARS = 400
 """Characters of model output shown on each side of an offending span."""
+HIT_CHARS = 4000
+"""Characters of an offending span shown; a repetition loop can make one span megabytes long."""
+TEXT_CHARS = 1000
+"""Characters shown of any other stored text (a task, an error, a tool name, a request id)."""
+
+
+def clip_more(text: str, limit: int) -> tuple[str, int]:
+    """The first `limit` characters of `text`, and how many UTF-8 bytes were left out after them."""
+    if len(text) <= limit:
+        return text, 0
+    return text[:limit], len(text[limit:].encode("utf-8", "surrogatepass"))
+
+
+def clip(text: object, limit: int = TEXT_CHARS) -> str:
+    """`text` bounded for a report, ending in a visible "… N more bytes" marker when it was cut."""
+    shown, more = clip_more("" if text is None else str(text), limit)
+    return f"{shown} … {more} more bytes" if more else shown
 
 
 def fmt_pct(x: float | None, *, precise: bool = False) -> str:
@@ -84,6 +101,8 @@ class FindingView:
     after: str
     in_context: bool
     """False when the field's text could not be recovered from the raw bytes: `hit` is the stored excerpt."""
+    hit_more: int = 0
+    """Bytes of the span left out after `hit` (which holds its first HIT_CHARS characters)."""
 
 
 @dataclass(frozen=True)
@@ -262,20 +281,23 @@ def _turn_view(run: Run, turn: TurnRecord) -> TurnView:
     for finding in turn.findings:
         text = texts.get(finding.field)
         if text is not None and 0 <= finding.start <= finding.end <= len(text):
+            hit, more = clip_more(text[finding.start : finding.end], HIT_CHARS)
             findings.append(
                 FindingView(
                     rule=finding.rule,
                     field=finding.field,
                     severity=finding.severity,
                     before=text[max(0, finding.start - CONTEXT_CHARS) : finding.start],
-                    hit=text[finding.start : finding.end],
+                    hit=hit,
                     after=text[finding.end : finding.end + CONTEXT_CHARS],
                     in_context=True,
+                    hit_more=more,
                 )
             )
         else:
+            hit, more = clip_more(finding.excerpt, HIT_CHARS)
             findings.append(
-                FindingView(finding.rule, finding.field, finding.severity, "", finding.excerpt, "", False)
+                FindingView(finding.rule, finding.field, finding.severity, "", hit, "", False, more)
             )
     return TurnView(
         index=turn.index,

@@ -1,0 +1,74 @@
+"""Text from a server or a model, made safe to parse and to store.
+
+`parse_json` is the one way the harness parses JSON it did not write: a runaway `[[[[…` is a
+ValueError like any other bad JSON, never a RecursionError that unwinds the task group, and what it
+returns is nested shallowly enough for `str`, `json.dumps` and pydantic to handle anywhere.
+`scrub_surrogates` makes a string encodable as UTF-8: JSON may escape lone surrogates (`"\\ud800"`),
+which no UTF-8 file can hold.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+MAX_DEPTH = 256
+"""Deepest nesting accepted. Chat-completion JSON nests a handful of levels; Python's own limit is ~1,000."""
+
+REPLACEMENT = "\ufffd"
+"""What a lone surrogate becomes in stored text (the raw bytes on disk keep the original escape)."""
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+class NestingError(ValueError):
+    """JSON nested deeper than MAX_DEPTH."""
+
+
+def parse_json(data: str | bytes | bytearray) -> Any:
+    """`json.loads` for untrusted text: ValueError (NestingError when too deep) for anything that is not sane JSON."""
+    try:
+        value = json.loads(data)
+    except RecursionError:
+        raise NestingError(f"JSON nested deeper than Python can parse (limit {MAX_DEPTH})") from None
+    # Counting brackets is C-fast and bounds the depth; walking the value is only needed past the bound.
+    opening = (b"[", b"{") if isinstance(data, (bytes, bytearray)) else ("[", "{")
+    if sum(data.count(bracket) for bracket in opening) > MAX_DEPTH and _too_deep(value):  # type: ignore[arg-type]
+        raise NestingError(f"JSON nested deeper than {MAX_DEPTH} levels")
+    return value
+
+
+def _too_deep(value: Any) -> bool:
+    """Whether `value` nests containers deeper than MAX_DEPTH; iterative, so it cannot overflow itself."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            item = item.values()
+        elif not isinstance(item, list):
+            continue
+        if depth >= MAX_DEPTH:
+            return True
+        stack.extend((child, depth + 1) for child in item if isinstance(child, (dict, list)))
+    return False
+
+
+def scrub_surrogates(text: str) -> str:
+    """`text` with every lone surrogate replaced by U+FFFD, so it encodes as UTF-8; unchanged when it already does."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return _SURROGATE.sub(REPLACEMENT, text)
+    return text
+
+
+def scrub_json(value: Any) -> Any:
+    """`value` (JSON-shaped: dicts, lists, strings, numbers) with `scrub_surrogates` applied to every string and key."""
+    if isinstance(value, str):
+        return scrub_surrogates(value)
+    if isinstance(value, dict):
+        return {scrub_json(key): scrub_json(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [scrub_json(item) for item in value]
+    return value
