@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
-from dsml_checker import Verdict, check
+from dsml_checker import Verdict, check, check_raw, encode_messages
 from repro.rawtext import RawCollector, RawSource, RawText, collector
 from repro.records import FindingRecord, TurnVerdict
 
@@ -94,8 +94,6 @@ def text_request(source: RawSource, payload: dict[str, Any], *, fmt: str, thinki
     The prompt has no BOS: both servers tokenize a text prompt with the tokenizer's special tokens and
     would add it twice. Special tokens are kept in the output, so the end of sentence can be judged.
     """
-    from dsml_checker.encoding import encode_messages
-
     prompt = encode_messages(
         payload["messages"], tools=payload.get("tools"), fmt=fmt, thinking=thinking, add_default_bos_token=False
     )
@@ -178,8 +176,6 @@ def judge(
     if not whole:
         return Judgement(parsed.label, parsed, None)
     assert rawtext is not None
-    from dsml_checker import check_raw
-
     raw = check_raw(rawtext.text, tools=tools, tool_choice=tool_choice, finish_reason=finish_reason, fmt=plan.fmt)
     if plan.mode == "raw":
         return Judgement(raw.label, parsed, raw)

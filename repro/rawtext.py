@@ -89,11 +89,18 @@ class LogprobText:
                 continue
             self.tokens.append(token)
             if self.exact:
-                try:
-                    self.pieces.append(bytes(entry.get("bytes")))
-                except (TypeError, ValueError):
-                    # null (vLLM, for a token without text) or not a list of bytes: the strings are all there is.
-                    self.exact = False
+                self._add_bytes(entry.get("bytes"))
+
+    def _add_bytes(self, piece: Any) -> None:
+        # null (vLLM, for a token without text) or not a list of bytes: the token strings are all there is.
+        # Only a list is converted: bytes(n) of an integer n would allocate n zero bytes.
+        if not isinstance(piece, list):
+            self.exact = False
+            return
+        try:
+            self.pieces.append(bytes(piece))
+        except (TypeError, ValueError):
+            self.exact = False
 
     def problem(self) -> str | None:
         """Missing logprobs are a gap in the raw text, not a failed turn."""

@@ -12,6 +12,19 @@ One process serves every behaviour; the first path segment picks it, so a test's
 - `reset`: the stream is cut (connection closed) after one chunk.
 - `nomodels`: `/v1/models` lists nothing.
 
+Raw mode (the text the model generated, `repro.rawtext`): asked with `logprobs: true`, these modes
+send every token's string and bytes (split inside multi-byte characters, so only the bytes rebuild
+the text), on the content chunk or a standalone empty-delta chunk, as SGLang 0.5.23 does:
+- `lp`: well-formed turns, full logprob coverage.
+- `lp-hide`: the first turn's raw text carries a stray invoke closer that the "parser" absorbed: the
+  parsed message is clean, the raw text is not.
+- `lp-made`: the first turn's raw text is clean, the parsed message leaks DSML (a parser bug).
+- `lp-notools`: no logprobs for the tool-call tokens; `/v1/completions` answers a rendered prompt.
+- `lp-garbage`: after the first turn, logprobs of every wrong shape.
+- `text`: chat without logprobs; `/v1/completions` and `/generate` (cumulative text) answer.
+Every request body is kept per mode; `GET /{mode}/received` lists them. A mode may carry a `~tag`
+suffix (`good~a`): it behaves as the mode and keeps its own list of requests.
+
 Run: `python tests/faulty_servers.py --port PORT`.
 """
 
@@ -30,6 +43,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from dsml_checker import ToolCall, render_completion
+from dsml_checker.formats import EOS
 from repro.procs import ManagedProcess, free_port, start_process, wait_http_ready
 
 MODEL = "faulty-model"
@@ -116,6 +131,147 @@ def _plan(body: dict[str, Any], mode: str) -> tuple[list[bytes], str, dict[str, 
     return chunks, cid, {"message": message, "finish_reason": "tool_calls"}
 
 
+RECEIVED: dict[str, list[dict[str, Any]]] = {}
+TOKEN_BYTES = 4
+"""Bytes per fake token: the fullwidth bar of the DSML sentinel (3 bytes) ends up split across two tokens."""
+ORPHAN_CLOSER = "</｜DSML｜invoke>\n"
+
+
+def _tokens(text: str) -> list[dict[str, Any]]:
+    """Logprob entries for `text`: each token's string as a per-token decode would give it (U+FFFD for a cut
+    character), its exact bytes, and the end of sentence as one special token."""
+    body, eos = (text[: -len(EOS)], True) if text.endswith(EOS) else (text, False)
+    data = body.encode()
+    pieces = [data[i : i + TOKEN_BYTES] for i in range(0, len(data), TOKEN_BYTES)]
+    entries = [{"token": p.decode("utf-8", "replace"), "bytes": list(p), "logprob": -0.1, "top_logprobs": []} for p in pieces]
+    if eos:
+        entries.append({"token": EOS, "bytes": list(EOS.encode()), "logprob": -0.01, "top_logprobs": []})
+    return entries
+
+
+def _raw_turn(body: dict[str, Any], base: str) -> tuple[str, dict[str, Any], str, int]:
+    """One chat turn in raw mode: the generated text, the parsed message, the finish reason, the turn number."""
+    messages = body.get("messages", [])
+    turn = sum(1 for m in messages if m.get("role") == "assistant")
+    tools = body.get("tools") or []
+    if turn >= FINAL_AFTER or not tools:
+        text = render_completion(reasoning=None, content="All done: the fix is in.", calls=[])
+        return text, {"role": "assistant", "content": "All done: the fix is in."}, "stop", turn
+    name = tools[turn % len(tools)]["function"]["name"]
+    args = _arguments(tools[turn % len(tools)])
+    text = render_completion(reasoning=None, content="Looking.", calls=[ToolCall(name, json.loads(args))])
+    if base == "lp-made" and turn == 0:
+        return text, {"role": "assistant", "content": LEAK}, "stop", turn
+    if base == "lp-hide" and turn == 0:
+        at = text.index("</｜DSML｜invoke>") + len(ORPHAN_CLOSER)
+        text = text[:at] + ORPHAN_CLOSER + text[at:]
+    call = {"id": f"call_{turn}", "type": "function", "function": {"name": name, "arguments": args}}
+    return text, {"role": "assistant", "content": "Looking.", "tool_calls": [call]}, "tool_calls", turn
+
+
+GARBAGE_LOGPROBS: list[Any] = [
+    7,
+    {"content": "not a list"},
+    {"content": [1, None, {"token": 5}]},
+    {"content": [{"token": "ok", "bytes": "zz"}, {"token": "x", "bytes": [300]}]},
+]
+
+
+def _raw_chat(body: dict[str, Any], base: str) -> Response:
+    """A chat completion in one of the raw modes (module docstring)."""
+    text, message, finish, turn = _raw_turn(body, base)
+    cid = f"chatcmpl-raw-{turn}"
+    entries = _tokens(text) if body.get("logprobs") else []
+    usage = {"prompt_tokens": 10, "completion_tokens": len(_tokens(text)), "total_tokens": 10 + len(_tokens(text))}
+    block = text.find("\n\n<｜DSML｜")
+    head_bytes = len(text[: block if block >= 0 else len(text) - len(EOS)].encode())
+    head = [e for e, _ in zip(entries, range((head_bytes + TOKEN_BYTES - 1) // TOKEN_BYTES))]
+    tail = entries[len(head) :]
+    if base == "lp-notools":
+        tail = tail[-1:]  # the end of sentence only: the tool-call tokens carry no logprobs
+    if base == "lp-garbage" and turn > 0:  # the first turn (the capability probe's) is well-formed
+        head_lp: Any = GARBAGE_LOGPROBS[(turn - 1) % len(GARBAGE_LOGPROBS)]
+        tail_lp: Any = {"content": [{"token": None}]}
+    else:
+        head_lp, tail_lp = {"content": head}, {"content": tail}
+    if not body.get("stream"):
+        choice = {"index": 0, "message": message, "finish_reason": finish}
+        if body.get("logprobs"):
+            choice["logprobs"] = {"content": head + tail} if head_lp == {"content": head} else head_lp
+        return JSONResponse({"id": cid, "object": "chat.completion", "model": MODEL, "choices": [choice], "usage": usage})
+    # (delta, logprobs): the step's logprobs ride on its content chunk, the block's on a standalone empty delta.
+    steps: list[tuple[dict[str, Any], Any]] = [({"role": "assistant", "content": ""}, None), ({"content": message["content"]}, head_lp)]
+    if body.get("logprobs"):
+        steps.append(({}, tail_lp))
+    steps += [({"tool_calls": [{"index": i, **call}]}, None) for i, call in enumerate(message.get("tool_calls") or [])]
+    chunks = []
+    for delta, logprobs in steps:
+        event = {"id": cid, "object": "chat.completion.chunk", "model": MODEL,
+                 "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
+        if logprobs is not None and body.get("logprobs"):
+            event["choices"][0]["logprobs"] = logprobs
+        chunks.append(b"data: " + json.dumps(event).encode() + b"\n\n")
+    usage_event = {"id": cid, "object": "chat.completion.chunk", "model": MODEL, "choices": [], "usage": usage}
+    chunks += [_chunk(cid, {}, finish), b"data: " + json.dumps(usage_event).encode() + b"\n\n", b"data: [DONE]\n\n"]
+
+    async def stream() -> AsyncIterator[bytes]:
+        for chunk in chunks:
+            yield chunk
+
+    return StreamingResponse(stream(), media_type="text/event-stream")
+
+
+def _prompt_text(prompt: str) -> str:
+    """The raw text a rendered prompt gets: a read_file call until FINAL_AFTER turns, then a final answer."""
+    turn = prompt.count("<｜Assistant｜>") - 1
+    if turn >= FINAL_AFTER:
+        return render_completion(reasoning="Done.", content="All done: the fix is in.", calls=[])
+    return render_completion(reasoning="Read it.", content="Looking.", calls=[ToolCall("read_file", {"path": "src/app.py"})])
+
+
+async def text_completions(request: Request) -> Response:
+    """`/v1/completions` for the `text` and `lp-notools` modes: the raw text, streamed in deltas or whole."""
+    mode = request.path_params["mode"]
+    body = await request.json()
+    RECEIVED.setdefault(mode, []).append(body)
+    if mode.split("~")[0] not in ("text", "lp-notools"):
+        return JSONResponse({"error": {"message": "no completions here"}}, status_code=404)
+    text = _prompt_text(str(body.get("prompt")))[: 4 * int(body.get("max_tokens") or 10**6)]
+    usage = {"prompt_tokens": 10, "completion_tokens": len(text) // 4, "total_tokens": 10 + len(text) // 4}
+    if not body.get("stream"):
+        choice = {"index": 0, "text": text, "finish_reason": "stop"}
+        return JSONResponse({"id": "cmpl-raw", "object": "text_completion", "choices": [choice], "usage": usage})
+    pieces = [text[i : i + 7] for i in range(0, len(text), 7)]
+    events = [{"id": "cmpl-raw", "choices": [{"index": 0, "text": p, "finish_reason": None}]} for p in pieces]
+    events.append({"id": "cmpl-raw", "choices": [{"index": 0, "text": "", "finish_reason": "stop"}]})
+    events.append({"id": "cmpl-raw", "choices": [], "usage": usage})
+    data = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events) + b"data: [DONE]\n\n"
+    return Response(data, media_type="text/event-stream")
+
+
+async def generate(request: Request) -> Response:
+    """SGLang's `/generate` for the `text` mode: cumulative text per event, meta_info with the finish reason."""
+    mode = request.path_params["mode"]
+    body = await request.json()
+    RECEIVED.setdefault(mode, []).append(body)
+    if mode.split("~")[0] != "text":
+        return JSONResponse({"error": {"message": "no generate here"}}, status_code=404)
+    text = _prompt_text(str(body.get("text")))
+    meta = {"id": "gen-raw", "finish_reason": {"type": "stop", "matched": 1}, "prompt_tokens": 10,
+            "completion_tokens": len(text) // 4, "cached_tokens": 0}
+    if not body.get("stream"):
+        return JSONResponse({"text": text, "meta_info": meta})
+    cuts = list(range(9, len(text), 9)) + [len(text)]
+    events = [{"text": text[:cut], "meta_info": {**meta, "finish_reason": None}} for cut in cuts[:-1]]
+    events.append({"text": text, "meta_info": meta})
+    data = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events) + b"data: [DONE]\n\n"
+    return Response(data, media_type="text/event-stream")
+
+
+async def received(request: Request) -> Response:
+    return JSONResponse(RECEIVED.get(request.path_params["mode"], []))
+
+
 async def models(request: Request) -> Response:
     if request.path_params["mode"] == "nomodels":
         return JSONResponse({"object": "list", "data": []})
@@ -125,6 +281,10 @@ async def models(request: Request) -> Response:
 async def completions(request: Request) -> Response:
     mode = request.path_params["mode"]
     body = await request.json()
+    RECEIVED.setdefault(mode, []).append(body)
+    mode = mode.split("~")[0]
+    if mode.startswith("lp"):
+        return _raw_chat(body, mode)
     if mode == "http500":
         return JSONResponse({"error": {"message": "internal failure (on purpose)"}}, status_code=500)
     chunks, cid, whole = _plan(body, mode)
@@ -161,6 +321,9 @@ app = Starlette(
         Route("/health", health),
         Route("/{mode}/v1/models", models),
         Route("/{mode}/v1/chat/completions", completions, methods=["POST"]),
+        Route("/{mode}/v1/completions", text_completions, methods=["POST"]),
+        Route("/{mode}/generate", generate, methods=["POST"]),
+        Route("/{mode}/received", received),
     ]
 )
 

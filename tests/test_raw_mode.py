@@ -1,0 +1,214 @@
+"""Raw mode (`repro run --observe raw|parsed|both`): the generated text rebuilt and judged beside the parsed message.
+
+Pure parts (repro.rawtext) under hypothesis; the rest over real HTTP against the purpose-built servers of
+tests/faulty_servers.py, whose raw modes know what they damaged: the truth is theirs, not the checker's.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Iterator
+
+import httpx
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from faulty_servers import ORPHAN_CLOSER, start_faulty_server
+from repro.rawtext import CompletionText, GenerateText, LogprobText
+from repro.store import load_run
+from run_builders import run_main
+
+PRODUCTION_KEYS = {"model", "messages", "tools", "tool_choice", "max_tokens", "temperature", "stream", "stream_options"}
+
+
+# ------------------------------------------------------------------------------------------------ pure
+
+
+def _entries(data: bytes, cuts: list[int]) -> list[dict[str, Any]]:
+    bounds = sorted({0, len(data), *(c % (len(data) + 1) for c in cuts)})
+    pieces = [data[a:b] for a, b in zip(bounds, bounds[1:])]
+    return [{"token": p.decode("utf-8", "replace"), "bytes": list(p)} for p in pieces]
+
+
+@given(st.text(), st.lists(st.integers(min_value=0), max_size=20), st.integers(min_value=1, max_value=5))
+def test_logprob_bytes_rebuild_the_text_wherever_tokens_cut_characters(text: str, cuts: list[int], per_chunk: int) -> None:
+    text = text.encode("utf-8", "replace").decode("utf-8")  # a model's text has no lone surrogates
+    entries = _entries(text.encode(), cuts)
+    collector = LogprobText()
+    for at in range(0, len(entries), per_chunk):
+        collector.add_chunk({"choices": [{"delta": {}, "logprobs": {"content": entries[at : at + per_chunk]}}]})
+    collector.add_chunk({"choices": [], "usage": {"completion_tokens": len(entries)}})
+    raw = collector.result({"content": text})
+    assert raw.text == text
+    assert raw.complete == bool(entries), raw.gap
+
+
+def test_token_strings_are_used_when_an_entry_has_no_bytes() -> None:
+    collector = LogprobText()
+    collector.add_body({"choices": [{"message": {}, "logprobs": {"content": [
+        {"token": "Hel", "bytes": [72, 101, 108]}, {"token": "lo", "bytes": None}]}}]})
+    assert collector.result({"content": "Hello"}).text == "Hello"
+
+
+@pytest.mark.parametrize(
+    ("usage", "message", "gap"),
+    [
+        ({"completion_tokens": 5}, {"content": "ab"}, "logprobs for 2 of 5 generated tokens"),
+        (None, {"content": "ab", "tool_calls": [{"function": {"name": "f"}}]}, "tool calls without their markup"),
+    ],
+)
+def test_missing_tokens_make_the_text_incomplete(usage: Any, message: dict[str, Any], gap: str) -> None:
+    collector = LogprobText()
+    collector.add_chunk({"choices": [{"logprobs": {"content": [{"token": "a", "bytes": [97]}, {"token": "b", "bytes": [98]}]}}],
+                         **({"usage": usage} if usage else {})})
+    raw = collector.result(message)
+    assert not raw.complete and raw.gap is not None and raw.gap.startswith(gap)
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=5),
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.sampled_from(["token", "bytes", "content", "x"]), children, max_size=3),
+    max_leaves=10,
+)
+
+
+@given(json_values)
+def test_any_logprobs_value_is_classified_never_raised(value: Any) -> None:
+    collector = LogprobText()
+    collector.add_chunk({"choices": [{"delta": {}, "logprobs": value}]})
+    collector.add_chunk({"choices": [{"delta": {}, "logprobs": {"content": value}}]})
+    raw = collector.result({"content": "x"})
+    assert isinstance(raw.text, str)
+    assert raw.complete == (raw.gap is None)
+
+
+@given(st.text(min_size=1), st.lists(st.integers(min_value=1), max_size=8))
+def test_generate_text_is_the_same_cumulative_or_incremental(text: str, cuts: list[int]) -> None:
+    bounds = sorted({0, len(text), *(c % (len(text) + 1) for c in cuts)})
+    cumulative, incremental = GenerateText(), GenerateText()
+    for a, b in zip(bounds, bounds[1:]):
+        cumulative.add_chunk({"text": text[:b], "meta_info": {"finish_reason": None}})
+        incremental.add_chunk({"text": text[a:b], "meta_info": {"finish_reason": None}})
+    if text[0] * 2 == text[:2]:
+        return  # an incremental delta that repeats the whole text so far reads as cumulative: documented
+    assert cumulative.result().text == text
+    assert incremental.result().text == text
+
+
+def test_completion_text_takes_deltas_finish_and_usage() -> None:
+    collector = CompletionText()
+    for piece in ("Plan.</think>", "Hi"):
+        collector.add_chunk({"id": "c1", "choices": [{"text": piece, "finish_reason": None}]})
+    collector.add_chunk({"id": "c1", "choices": [{"text": "", "finish_reason": "stop"}]})
+    collector.add_chunk({"id": "c1", "choices": [], "usage": {"completion_tokens": 3}})
+    assert (collector.result().text, collector.finish_reason, collector.usage, collector.problem()) == (
+        "Plan.</think>Hi", "stop", {"completion_tokens": 3}, None)
+    assert CompletionText().problem() is not None
+
+
+# ------------------------------------------------------------------------------------------------ over HTTP
+
+
+@pytest.fixture(scope="module")
+def faulty(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    proc, root = start_faulty_server(tmp_path_factory.mktemp("faulty") / "server.log")
+    yield root
+    proc.stop()
+
+
+def _run(capsys: pytest.CaptureFixture[str], out: Path, url: str, *args: str) -> tuple[int, str]:
+    code, _, err = run_main(capsys, "run", "--base-url", url, "--sessions", "3", "--turns", "5", "--out", str(out), *args)
+    return code, err
+
+
+def _summary(out: Path) -> dict[str, Any]:
+    return json.loads((out / "summary.json").read_text())
+
+
+@pytest.mark.parametrize("stream", ["--stream", "--no-stream"])
+def test_both_mode_counts_the_damage_the_parser_hid(faulty: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], stream: str) -> None:
+    code, err = _run(capsys, tmp_path / "run", f"{faulty}/lp-hide/v1", stream)
+    assert code == 0, err
+    run = load_run(tmp_path / "run")
+    assert run.manifest.observe is not None
+    assert (run.manifest.observe["mode"], run.manifest.observe["raw_source"]) == ("both", "logprobs")
+    assert run.manifest.observe["probe"]["logprobs"] == "logprobs on every token, tool calls included"
+    effect = _summary(tmp_path / "run")["parser_effect"]
+    # The server damaged the first turn of every session, in its raw text only.
+    assert effect["hidden_turns"] == effect["raw_corrupt_turns"] == 3 and effect["parsed_corrupt_turns"] == 0
+    assert effect["hidden_sessions"] == 3 and effect["made_turns"] == 0
+    for session in run.sessions:
+        first = session.turns[0]
+        assert (session.outcome, session.corrupt_seen, session.parser_effect) == ("corrupt", "raw", "hidden")
+        assert (first.verdict, first.parsed_verdict, first.raw_verdict, first.raw_complete) == ("corrupt", "clean", "corrupt", True)
+        assert first.raw_findings and first.raw_findings[0].field == "raw"
+        assert first.raw_text_path is not None
+        assert (tmp_path / "run" / first.raw_text_path).read_text().count(ORPHAN_CLOSER) == 2
+        assert all(t.verdict == t.raw_verdict == t.parsed_verdict == "clean" for t in session.turns[1:])
+
+
+def test_made_damage_is_a_parser_bug_and_raw_mode_does_not_count_it(faulty: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = _run(capsys, tmp_path / "both", f"{faulty}/lp-made/v1")
+    assert code == 0, err
+    effect = _summary(tmp_path / "both")["parser_effect"]
+    assert (effect["made_turns"], effect["made_sessions"], effect["hidden_turns"]) == (3, 3, 0)
+    assert {s.outcome for s in load_run(tmp_path / "both").sessions} == {"corrupt"}
+    code, err = _run(capsys, tmp_path / "raw", f"{faulty}/lp-made/v1", "--observe", "raw")
+    assert code == 0, err
+    run = load_run(tmp_path / "raw")
+    assert {s.outcome for s in run.sessions} == {"clean"}
+    assert all(s.turns[0].parsed_verdict == "corrupt" and s.turns[0].raw_verdict == "clean" for s in run.sessions)
+    assert _summary(tmp_path / "raw")["observe"] == "raw"
+
+
+def _received(faulty: str, mode: str) -> list[dict[str, Any]]:
+    return httpx.get(f"{faulty}/{mode}/received").json()
+
+
+def test_parsed_mode_sends_exactly_the_production_requests(faulty: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = _run(capsys, tmp_path / "run", f"{faulty}/lp~parsed/v1", "--observe", "parsed")
+    assert code == 0, err
+    bodies = _received(faulty, "lp~parsed")
+    turns = sum(len(s.turns) for s in load_run(tmp_path / "run").sessions)
+    assert len(bodies) == turns  # no probe request either
+    assert all(set(body) == PRODUCTION_KEYS for body in bodies)
+    manifest = load_run(tmp_path / "run").manifest
+    assert manifest.observe is not None and manifest.observe["mode"] == "parsed" and manifest.observe["probe"] == {}
+    assert _summary(tmp_path / "run")["parser_effect"] is None
+
+
+def test_both_mode_adds_only_the_logprob_fields(faulty: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = _run(capsys, tmp_path / "run", f"{faulty}/lp~both/v1")
+    assert code == 0, err
+    bodies = _received(faulty, "lp~both")
+    turns = sum(len(s.turns) for s in load_run(tmp_path / "run").sessions)
+    assert len(bodies) == turns + 1  # the capability probe
+    assert all(set(body) == PRODUCTION_KEYS | {"logprobs", "top_logprobs"} for body in bodies)
+    assert all(body["logprobs"] is True and body["top_logprobs"] == 0 for body in bodies)
+
+
+def test_a_target_without_raw_text(faulty: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = _run(capsys, tmp_path / "raw", f"{faulty}/good/v1", "--observe", "raw")
+    assert code == 2
+    assert err.startswith("repro: error: --observe raw: the target shows no raw text") and err.count("\n") == 1
+    assert not (tmp_path / "raw").exists()
+    code, err = _run(capsys, tmp_path / "default", f"{faulty}/good/v1")
+    assert code == 0, err
+    manifest = load_run(tmp_path / "default").manifest
+    assert manifest.observe is not None and manifest.observe["mode"] == "parsed"
+    assert manifest.observe["warnings"] and "only parsed messages are judged" in manifest.observe["warnings"][0]
+    assert _summary(tmp_path / "default")["observe"] == "parsed"
+
+
+@pytest.mark.parametrize("stream", ["--stream", "--no-stream"])
+def test_garbage_logprobs_are_classified_never_crash_the_run(faulty: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], stream: str) -> None:
+    code, err = _run(capsys, tmp_path / "run", f"{faulty}/lp-garbage/v1", stream)
+    assert code == 0, err
+    run = load_run(tmp_path / "run")
+    assert {s.outcome for s in run.sessions} == {"clean"}
+    later = [t for s in run.sessions for t in s.turns[1:]]
+    assert later and all(t.raw_complete is False and t.raw_verdict is None and t.verdict == "clean" for t in later)
+    assert all(t.raw_gap and "malformed" in t.raw_gap for t in later)
+    assert _summary(tmp_path / "run")["parser_effect"]["raw_incomplete_turns"] == len(later)
