@@ -13,7 +13,7 @@ import copy
 import json
 from typing import Any, Sequence
 
-from dsml_checker.formats import DSML_FORMATS, EOS, SENTINEL, THINK_CLOSE, ToolCall, render_calls, to_json
+from dsml_checker.formats import DSML_FORMATS, EOS, THINK_CLOSE, ToolCall, render_calls, to_json
 
 BOS = "<｜begin▁of▁sentence｜>"
 THINK_OPEN = "<think>"
@@ -88,7 +88,7 @@ Here are the functions available in JSONSchema format:
 </functions>
 """
 
-_V4_EFFORT_PROMPTS = {
+V4_EFFORT_PROMPTS = {
     "low": "",
     "high": (
         "Reasoning Effort: Absolute maximum with no shortcuts permitted.\n"
@@ -253,9 +253,9 @@ def _drop_thinking(messages: list[dict[str, Any]], fmt: str) -> list[dict[str, A
 def _effort_prompt(index: int, thinking_mode: str, effort: Any, fmt: str) -> str:
     if fmt == "v4":
         effort = effort or "low"
-        if effort not in _V4_EFFORT_PROMPTS:
-            raise ValueError(f"Invalid reasoning effort: {effort}, expected one of {list(_V4_EFFORT_PROMPTS)}")
-        return _V4_EFFORT_PROMPTS[effort] if index == 0 and thinking_mode == "thinking" else ""
+        if effort not in V4_EFFORT_PROMPTS:
+            raise ValueError(f"Invalid reasoning effort: {effort}, expected one of {list(V4_EFFORT_PROMPTS)}")
+        return V4_EFFORT_PROMPTS[effort] if index == 0 and thinking_mode == "thinking" else ""
     effort = "high" if effort is None else effort
     if not ((type(effort) is int and 1 <= effort <= 100) or effort in _V41_EFFORT_BUDGETS):
         raise ValueError(f"Invalid reasoning effort for deepseek_v41: {effort}")
@@ -491,4 +491,4 @@ def encode_messages(
     return _encode_v4(msgs, ctx, fmt, mode, drop_thinking, add_default_bos_token, reasoning_effort)
 
 
-__all__ = ["BOS", "ENCODER_FORMATS", "SENTINEL", "attach_tools", "encode_messages", "render_tools"]
+__all__ = ["BOS", "ENCODER_FORMATS", "attach_tools", "encode_messages", "render_tools"]

@@ -58,6 +58,9 @@ class SimConfig(BaseModel):
     """Answer with a final text once the conversation holds this many assistant turns."""
     disaggregation_metadata_slots: int = Field(45, ge=1)
     """PD: the decode side's metadata slots; more transfers in flight than slots can lose a completion notice."""
+    logprobs_coverage: Literal["full", "no-tool-calls", "none"] = "full"
+    """Which generated tokens get log-probabilities in chat: all (SGLang 0.5.23, vLLM 0.33), none inside the
+    tool-call block, or none at all."""
     fault_log: Path | None = None
     warmup: float = Field(0.0, ge=0)
     """Real seconds during which /health answers 503, as a starting server does."""
@@ -76,6 +79,8 @@ _FLAG_HELP: dict[str, str] = {
     "time_scale": "real seconds per simulated second",
     "final_after_turns": "assistant turns before the model gives a final answer",
     "fault_log": "JSON-lines file recording every injected fault (ground truth)",
+    "logprobs_coverage": "chat log-probabilities: full (as SGLang 0.5.23), no-tool-calls (withheld from the "
+                         "tool-call block on), or none",
     "warmup": "seconds during which /health answers 503",
 }
 

@@ -53,6 +53,8 @@ class ChatRequest(_Loose):
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     seed: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
 
     @model_validator(mode="after")
     def _named_tool_exists(self) -> "ChatRequest":
@@ -105,6 +107,10 @@ class Reply:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
+    raw: str = ""
+    """The text the model emitted (after any damage and the token limit), before the server parsed it."""
+    logprobs: tuple[dict[str, Any] | None, ...] | None = None
+    """Per pseudo-token of `raw` when the request asked for log-probabilities; None marks a withheld token."""
 
     def call_id(self, index: int) -> str:
         return "call_" + hashlib.sha256(f"{self.request_id}/{index}".encode()).hexdigest()[:24]
@@ -137,13 +143,22 @@ class Reply:
         """The fields every response body and chunk starts with, then its choices."""
         return {"id": self.request_id, "object": kind, "created": self.created, "model": self.model, "choices": choices}
 
+    def logprob_slice(self, start: int, end: int) -> dict[str, Any] | None:
+        """`choices[0].logprobs` for the pseudo-tokens start..end; None when none of them is served."""
+        if self.logprobs is None:
+            return None
+        served = [entry for entry in self.logprobs[start:end] if entry is not None]
+        return {"content": served} if served or end - start == len(self.logprobs) else None
+
     def body(self) -> dict[str, Any]:
-        choice = {"index": 0, "message": self.message(), "logprobs": None, "finish_reason": self.finish_reason}
+        logprobs = self.logprob_slice(0, len(self.logprobs or ()))
+        choice = {"index": 0, "message": self.message(), "logprobs": logprobs, "finish_reason": self.finish_reason}
         return {**self._envelope("chat.completion", [choice]), "usage": self.usage()}
 
-    def chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
+    def chunk(self, delta: dict[str, Any], finish_reason: str | None = None,
+              logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
         return self._envelope("chat.completion.chunk",
-                              [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}])
+                              [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}])
 
     def usage_chunk(self) -> dict[str, Any]:
         return {**self._envelope("chat.completion.chunk", []), "usage": self.usage()}
@@ -154,7 +169,8 @@ class StreamCursor:
 
     The answer is laid out as units: reasoning characters, content characters, then each call's
     argument characters (its id and name go out with its first piece). At `k` of `n` tokens, the
-    first `k/n` of the units have been sent.
+    first `k/n` of the units have been sent. Log-probabilities of the step's raw tokens ride on its first
+    chunk, or on a chunk with an empty delta when the step sent nothing else (SGLang 0.5.23's shape).
     """
 
     def __init__(self, reply: Reply) -> None:
@@ -164,18 +180,30 @@ class StreamCursor:
         self.segments += [("tool_calls", i, reply.arguments(i)) for i in range(len(out.calls))]
         self.total = sum(len(text) for _, _, text in self.segments) + len(out.calls)
         self.sent = 0
+        self.logprobs_sent = 0
 
     def advance(self, tokens_done: int, tokens_total: int) -> Iterator[dict[str, Any]]:
         """Chunks for the progress since the last call."""
-        target = self.total if tokens_done >= tokens_total else self.total * tokens_done // max(1, tokens_total)
+        done = tokens_done >= tokens_total
+        target = self.total if done else self.total * tokens_done // max(1, tokens_total)
+        deltas = []
         offset = 0
         for kind, index, text in self.segments:
             size = len(text) + (1 if index >= 0 else 0)
             lo, hi = max(self.sent, offset) - offset, min(target, offset + size) - offset
             if hi > lo:
-                yield self.reply.chunk(self._delta(kind, index, text, lo, hi))
+                deltas.append(self._delta(kind, index, text, lo, hi))
             offset += size
         self.sent = max(self.sent, target)
+        count = len(self.reply.logprobs or ())
+        upto = count if done else max(self.logprobs_sent, count * tokens_done // max(1, tokens_total))
+        logprobs = self.reply.logprob_slice(self.logprobs_sent, upto) if upto > self.logprobs_sent else None
+        self.logprobs_sent = upto
+        if logprobs is not None and not deltas:
+            deltas.append({})
+        for delta in deltas:
+            yield self.reply.chunk(delta, logprobs=logprobs)
+            logprobs = None
 
     def _delta(self, kind: str, index: int, text: str, lo: int, hi: int) -> dict[str, Any]:
         if index < 0:
@@ -188,6 +216,25 @@ class StreamCursor:
         call = {"index": index, "id": self.reply.call_id(index), "type": "function",
                 "function": {"name": name, "arguments": arguments}}
         return {"tool_calls": [call]}
+
+
+class ChatStream:
+    """A streamed chat answer: the role chunk, the cursor's deltas, then the finish and usage chunks."""
+
+    def __init__(self, reply: Reply, *, include_usage: bool) -> None:
+        self.reply = reply
+        self.cursor = StreamCursor(reply)
+        self.include_usage = include_usage
+
+    def opening(self) -> list[dict[str, Any]]:
+        return [self.reply.chunk({"role": "assistant", "content": ""})]
+
+    def advance(self, tokens_done: int, tokens_total: int) -> Iterator[dict[str, Any]]:
+        return self.cursor.advance(tokens_done, tokens_total)
+
+    def closing(self) -> list[dict[str, Any]]:
+        chunks = [self.reply.chunk({}, self.reply.finish_reason)]
+        return chunks + [self.reply.usage_chunk()] if self.include_usage else chunks
 
 
 def error_body(message: str, *, status: int, kind: str = "invalid_request_error", param: str | None = None) -> dict[str, Any]:

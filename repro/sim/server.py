@@ -9,11 +9,11 @@ import secrets
 import sys
 import traceback
 from dataclasses import asdict
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable, Iterator, Protocol, TypeVar
 
 import uvicorn
 from prometheus_client import CONTENT_TYPE_LATEST
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -29,13 +29,56 @@ from repro.sim.metrics import SimMetrics
 from repro.sim.model import answer, assistant_turns, conversation_key, rng_for
 from repro.sim.parser import ParsedOutput, parse_output, tools_enabled
 from repro.sim.pd import Wedge
-from repro.sim.protocol import ChatRequest, Reply, StreamCursor, error_body, now_s, render_prompt
+from repro.sim.prompt_decode import PromptDecodeError, decode_prompt
+from repro.sim.protocol import ChatRequest, ChatStream, Reply, error_body, now_s, render_prompt
+from repro.sim.raw_api import (
+    CompletionCursor,
+    CompletionRequest,
+    GenerateCursor,
+    GenerateRequest,
+    RawText,
+    completion_body,
+    generate_body,
+)
+from repro.sim.tokens import token_logprobs
 
 READY_BANNER = "The server is fired up and ready to roll!"
 
 
 def _error(message: str, status: int, *, param: str | None = None) -> JSONResponse:
     return JSONResponse(error_body(message, status=status, param=param), status_code=status)
+
+
+def cut_to_limit(raw: str, limit: int | None) -> str:
+    """The raw text as far as the token limit lets the model write it."""
+    return raw[: limit * CHARS_PER_TOKEN] if limit is not None and count_tokens(raw) > limit else raw
+
+
+_Body = TypeVar("_Body", bound=BaseModel)
+
+
+async def _validated(request: Request, model: type[_Body]) -> _Body | JSONResponse:
+    """The request body validated as `model`, or the error response SGLang would give."""
+    try:
+        payload = json.loads(await request.body())
+    except ValueError:
+        return _error("The request body is not valid JSON.", 400)
+    if not isinstance(payload, dict):
+        return _error("The request body must be a JSON object.", 400)
+    try:
+        return model.model_validate(payload)
+    except ValidationError as err:
+        first = err.errors()[0]
+        param = ".".join(str(p) for p in first.get("loc", ())) or None
+        return _error(f"{param}: {first['msg']}" if param else first["msg"], 422, param=param)
+
+
+class _StreamView(Protocol):
+    def opening(self) -> list[dict[str, Any]]: ...
+
+    def advance(self, tokens_done: int, tokens_total: int) -> Iterator[dict[str, Any]]: ...
+
+    def closing(self) -> list[dict[str, Any]]: ...
 
 
 class Simulator:
@@ -47,15 +90,15 @@ class Simulator:
         self.metrics = SimMetrics(self.engine, config.served_model_name)
         self.faults = FaultLog(config.fault_log)
         self.wedges: list[WedgeRecord] = []
+        self.fault_texts: dict[str, str] = {}
+        """The raw text each faulted request emitted (after damage and its token limit), by request id."""
         self.is_corrupt = is_corrupt
         self.ready_at = float("inf")
 
     def finish(self, raw: str, request: ChatRequest) -> tuple[ParsedOutput, str, int]:
         """Apply the token limit, then SGLang's parsing: (output, finish_reason, completion tokens)."""
-        limit = request.token_limit
-        truncated = limit is not None and count_tokens(raw) > limit
-        if truncated:
-            raw = raw[: limit * CHARS_PER_TOKEN]
+        text = cut_to_limit(raw, request.token_limit)
+        truncated, raw = text != raw, text
         output = parse_output(raw, tool_names={t.function.name for t in request.tools},
                               tools_enabled=tools_enabled(request.tools, request.choice_value()))
         reason = "length" if truncated else "tool_calls" if output.calls else "stop"
@@ -76,8 +119,15 @@ class Simulator:
             if race is not None:
                 raw = self._inject(race, raw, request, request_id, messages, seed)
             output, reason, tokens = self.finish(raw, request)
+            emitted = cut_to_limit(raw, request.token_limit)
+            if race is not None:
+                self.fault_texts[request_id] = emitted
+            logprobs = None
+            if request.logprobs and self.config.logprobs_coverage != "none":
+                logprobs = tuple(token_logprobs(emitted, top_logprobs=request.top_logprobs or 0,
+                                                coverage=self.config.logprobs_coverage, has_calls=bool(output.calls)))
             reply.set_result(Reply(request_id, self.config.served_model_name, now_s(), output, reason,
-                                   prompt_tokens, tokens, engine_request.cached_tokens))
+                                   prompt_tokens, tokens, engine_request.cached_tokens, emitted, logprobs))
             return tokens
 
         def on_wedged(wedge: Wedge) -> None:
@@ -182,22 +232,16 @@ def create_app(config: SimConfig) -> Starlette:
     async def faults(request: Request) -> Response:
         return JSONResponse({"faults": [asdict(r) for r in sim.faults.records]})
 
+    async def fault_texts(request: Request) -> Response:
+        return JSONResponse({"texts": sim.fault_texts})
+
     async def wedges(request: Request) -> Response:
         return JSONResponse({"wedges": [asdict(r) for r in sim.wedges]})
 
     async def chat(request: Request) -> Response:
-        try:
-            payload = json.loads(await request.body())
-        except ValueError:
-            return _error("The request body is not valid JSON.", 400)
-        if not isinstance(payload, dict):
-            return _error("The request body must be a JSON object.", 400)
-        try:
-            chat_request = ChatRequest.model_validate(payload)
-        except ValidationError as err:
-            first = err.errors()[0]
-            param = ".".join(str(p) for p in first.get("loc", ())) or None
-            return _error(f"{param}: {first['msg']}" if param else first["msg"], 422, param=param)
+        chat_request = await _validated(request, ChatRequest)
+        if isinstance(chat_request, JSONResponse):
+            return chat_request
         if chat_request.model not in (None, "default", config.served_model_name):
             return _error(f"The model {chat_request.model!r} does not exist.", 404, param="model")
         prompt = render_prompt(chat_request)
@@ -208,8 +252,14 @@ def create_app(config: SimConfig) -> Starlette:
         request_id = "chatcmpl-" + secrets.token_hex(12)
         engine_request, pending = sim.generate(chat_request, request_id, prompt)
         if chat_request.stream:
-            return StreamingResponse(_stream(engine_request, pending, chat_request.include_usage),
+            include_usage = chat_request.include_usage
+            return StreamingResponse(_stream(engine_request, pending, lambda r: ChatStream(r, include_usage=include_usage)),
                                      media_type="text/event-stream")
+        failed = await _finished(engine_request)
+        return failed or JSONResponse(pending.result().body())
+
+    async def _finished(engine_request: EngineRequest) -> Response | None:
+        """Wait for a non-streamed request; the error response when it did not finish."""
         try:
             while not engine_request.finished:
                 engine_request.changed.clear()
@@ -221,7 +271,57 @@ def create_app(config: SimConfig) -> Starlette:
         if engine_request.aborted:
             return _error("The request was aborted.", 503)
         _observe(engine_request)
-        return JSONResponse(pending.result().body())
+        return None
+
+    def _raw_submit(prompt: str, limit: int, seed: int | None, request_id: str,
+                    ) -> tuple[EngineRequest, asyncio.Future[Reply]] | JSONResponse:
+        """Start a raw-text request: the conversation read back from its prompt, answered as over chat."""
+        try:
+            decoded = decode_prompt(prompt)
+            chat_request = ChatRequest.model_validate(
+                {"messages": decoded.messages, "tools": decoded.tools, "max_tokens": limit, "seed": seed})
+        except (PromptDecodeError, ValidationError) as err:
+            return _error(f"The prompt is not a DeepSeek-V4 conversation the simulator can read: {err}", 400)
+        prompt_tokens = count_tokens(prompt)
+        if prompt_tokens > max_prompt_tokens:
+            return _error(f"The prompt has {prompt_tokens} tokens; the context length is {max_prompt_tokens}.", 400)
+        return sim.generate(chat_request, request_id, prompt)
+
+    async def generate(request: Request) -> Response:
+        body = await _validated(request, GenerateRequest)
+        if isinstance(body, JSONResponse):
+            return body
+        params = body.sampling_params
+        started = _raw_submit(body.text, params.max_new_tokens, params.sampling_seed, body.rid or secrets.token_hex(16))
+        if isinstance(started, JSONResponse):
+            return started
+        engine_request, pending = started
+        keep_eos = not params.skip_special_tokens and params.no_stop_trim
+        if body.stream:
+            return StreamingResponse(_stream(engine_request, pending, lambda r: GenerateCursor(RawText(r, keep_eos=keep_eos))),
+                                     media_type="text/event-stream")
+        failed = await _finished(engine_request)
+        return failed or JSONResponse(generate_body(RawText(pending.result(), keep_eos=keep_eos)))
+
+    async def completions(request: Request) -> Response:
+        body = await _validated(request, CompletionRequest)
+        if isinstance(body, JSONResponse):
+            return body
+        if body.model not in (None, "default", config.served_model_name):
+            return _error(f"The model {body.model!r} does not exist.", 404, param="model")
+        started = _raw_submit(body.prompt, body.max_tokens, body.seed, "cmpl-" + secrets.token_hex(12))
+        if isinstance(started, JSONResponse):
+            return started
+        engine_request, pending = started
+        keep_eos = not body.skip_special_tokens and body.no_stop_trim
+        if body.stream:
+            include_usage = body.include_usage
+            return StreamingResponse(
+                _stream(engine_request, pending,
+                        lambda r: CompletionCursor(RawText(r, keep_eos=keep_eos), include_usage=include_usage)),
+                media_type="text/event-stream")
+        failed = await _finished(engine_request)
+        return failed or JSONResponse(completion_body(RawText(pending.result(), keep_eos=keep_eos)))
 
     def _observe(engine_request: EngineRequest) -> None:
         now = asyncio.get_running_loop().time()
@@ -229,7 +329,8 @@ def create_app(config: SimConfig) -> Starlette:
             sim.metrics.ttft.observe(engine_request.first_token_real - engine_request.arrival_real)
         sim.metrics.e2e.observe(now - engine_request.arrival_real)
 
-    async def _stream(engine_request: EngineRequest, pending: asyncio.Future[Reply], include_usage: bool) -> AsyncIterator[str]:
+    async def _stream(engine_request: EngineRequest, pending: asyncio.Future[Reply],
+                      view_of: Callable[[Reply], _StreamView]) -> AsyncIterator[str]:
         loop = asyncio.get_running_loop()
         try:
             # Until the first token: in PD mode the reply exists once the prefill ran, but nothing may reach
@@ -244,13 +345,13 @@ def create_app(config: SimConfig) -> Starlette:
                 return
             if engine_request.aborted:
                 return
-            reply = pending.result()
-            yield _sse(reply.chunk({"role": "assistant", "content": ""}))
-            cursor = StreamCursor(reply)
+            view = view_of(pending.result())
+            for chunk in view.opening():
+                yield _sse(chunk)
             last = loop.time()
             while True:
                 engine_request.changed.clear()
-                for chunk in cursor.advance(engine_request.tokens_done, engine_request.output_tokens):
+                for chunk in view.advance(engine_request.tokens_done, engine_request.output_tokens):
                     yield _sse(chunk)
                 now = loop.time()
                 sim.metrics.itl.observe(now - last)
@@ -260,9 +361,8 @@ def create_app(config: SimConfig) -> Starlette:
                 await engine_request.changed.wait()
             if engine_request.aborted:
                 return
-            yield _sse(reply.chunk({}, reply.finish_reason))
-            if include_usage:
-                yield _sse(reply.usage_chunk())
+            for chunk in view.closing():
+                yield _sse(chunk)
             yield "data: [DONE]\n\n"
             _observe(engine_request)
         finally:
@@ -276,6 +376,8 @@ def create_app(config: SimConfig) -> Starlette:
         Route("/server_info", info), Route("/get_server_info", info), Route("/v1/loads", loads),
         Route("/get_load", loads), Route("/flush_cache", flush_cache, methods=["POST"]), Route("/metrics", metrics),
         Route("/debug/faults", faults), Route("/debug/wedges", wedges), Route("/v1/chat/completions", chat, methods=["POST"]),
+        Route("/debug/fault-texts", fault_texts), Route("/generate", generate, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
     ]
     return Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: not_found})
 
