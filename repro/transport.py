@@ -124,11 +124,8 @@ class _Connection(asyncio.Protocol):
             self.close()
             return
         self.heard = True
-        if not self.got_headers:
-            self.head_bytes += len(data)
-            if self.head_bytes > MAX_HEAD_BYTES:
-                self._fail(TransportError(f"malformed HTTP response: headers longer than {MAX_HEAD_BYTES} bytes"))
-                return
+        in_head = not self.got_headers
+        if in_head:
             assert self.sink is not None
             self.sink.head()
         try:
@@ -136,8 +133,15 @@ class _Connection(asyncio.Protocol):
         except httptools.HttpParserError as err:
             # httptools reports a callback's exception as its own error; the sink's reason is the one to tell.
             self._fail(self.refusal or TransportError(f"malformed HTTP response: {err}"))
+            return
         except httptools.HttpParserUpgrade:
             self._fail(TransportError("HTTP 101: the server switched protocols, which was never asked for"))
+            return
+        if in_head and not self.got_headers:
+            # Still no end of the header block, which httptools buffers whole: bound it.
+            self.head_bytes += len(data)
+            if self.head_bytes > MAX_HEAD_BYTES:
+                self._fail(TransportError(f"malformed HTTP response: headers longer than {MAX_HEAD_BYTES} bytes"))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True

@@ -12,7 +12,24 @@ One process serves every behaviour; the first path segment picks it, so a test's
 - `reset`: the stream is cut (connection closed) after one chunk.
 - `nomodels`: `/v1/models` lists nothing.
 
-Raw mode (the text the model generated, `repro.rawtext`): asked with `logprobs: true`, these modes
+Faults below the ASGI layer (or any fault mixed with others) are answered by a raw HTTP/1.1 front
+door (`RawFaults`) on the same port, which relays every other mode to the Starlette app. A
+connection is routed by its first request, so keep one mode per client connection. Raw modes:
+
+- `early-hints`: an HTTP 103 before every (good) answer.
+- `redirect`: every completion is an HTTP 307 to the `good` mode.
+- `drip-headers`: a status line, then one header byte every 50 ms, never ending the header block.
+- `deep`: a streamed event (or a non-streamed body) nested 50,000 levels deep.
+- `deep-args`: the first turn's tool-call arguments are a string of 5,000 nested brackets.
+- `deep-models`: `/v1/models` answers JSON nested 50,000 levels deep.
+- `surrogate`: the first turn leaks DSML holding lone surrogates (`\ud800`), in its id too.
+- `comments`: an endless stream of SSE comments, as fast as the client reads.
+- `huge-loop`: the first turn's tool-call arguments are a 2 MB repetition loop (never closed).
+- `raw-malformed`, `raw-reset`: as `malformed` and `reset` (the reset is a TCP RST).
+- `chaos`: each session gets `CHAOS[session % len(CHAOS)]`, the session read from its task's ticket
+  (`REPRO-<seed>-<session>`), so a test knows which session met which fault.
+
+Raw-text modes (`repro run --observe`, `repro.rawtext`): asked with `logprobs: true`, these modes
 send every token's string and bytes (split inside multi-byte characters, so only the bytes rebuild
 the text), on the content chunk or a standalone empty-delta chunk, as SGLang 0.5.23 does:
 - `lp`: well-formed turns, full logprob coverage.
@@ -31,7 +48,10 @@ Run: `python tests/faulty_servers.py --port PORT`.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import re
+import socket
 import sys
 from pathlib import Path
 from typing import Any, AsyncIterator
@@ -316,6 +336,158 @@ async def health(request: Request) -> Response:
     return PlainTextResponse("ok")
 
 
+CHAOS = (
+    "good", "deep", "deep-args", "surrogate", "comments", "early-hints", "redirect", "drip-headers",
+    "huge-loop", "raw-malformed", "raw-reset",
+)
+"""The faults of the `chaos` mode, by session id modulo its length."""
+_TICKET = re.compile(r"REPRO-\d+-(\d+)")
+DEEP = 50_000
+_SSE_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+
+
+def _frame(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data) if data else b""
+
+
+def _json_response(body: bytes, status: str = "200 OK") -> bytes:
+    return b"HTTP/1.1 %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (
+        status.encode(), len(body), body)
+
+
+def _with_arguments(body: dict[str, Any], arguments: str) -> tuple[list[bytes], dict[str, Any]]:
+    """A first-turn tool call whose arguments are `arguments` (sent in 64 KB deltas), and its whole message."""
+    cid = "chatcmpl-args"
+    name = ((body.get("tools") or [{}])[0].get("function") or {}).get("name", "read_file")
+    call = {"index": 0, "id": "call_0", "type": "function", "function": {"name": name, "arguments": ""}}
+    chunks = [_chunk(cid, {"role": "assistant", "content": ""}), _chunk(cid, {"tool_calls": [call]})]
+    chunks += [
+        _chunk(cid, {"tool_calls": [{"index": 0, "function": {"arguments": arguments[i : i + 65536]}}]})
+        for i in range(0, len(arguments), 65536)
+    ]
+    chunks += [_chunk(cid, {}, "tool_calls"), _usage(cid, 10)]
+    whole = {"id": call["id"], "type": "function", "function": {"name": name, "arguments": arguments}}
+    return chunks, {"message": {"role": "assistant", "content": "", "tool_calls": [whole]}, "finish_reason": "tool_calls"}
+
+
+def _surrogate_answer() -> tuple[list[bytes], dict[str, Any]]:
+    cid = "chatcmpl-\ud800"
+    content = LEAK.replace("src/a.py", "src/\ud800.py") + " and \udfff"
+    chunks = [_chunk(cid, {"role": "assistant", "content": ""}), _chunk(cid, {"content": content})]
+    chunks += [_chunk(cid, {}, "stop"), _usage(cid, 10)]
+    return chunks, {"message": {"role": "assistant", "content": content}, "finish_reason": "stop"}
+
+
+class RawFaults:
+    """The front door: raw-mode requests are answered here byte by byte; any other connection is relayed to `inner_port`."""
+
+    def __init__(self, inner_port: int) -> None:
+        self.inner_port = inner_port
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            if self._mode(head) in RAW_MODES:
+                while await self._answer(head, reader, writer):
+                    head = await reader.readuntil(b"\r\n\r\n")
+            else:
+                await self._relay(head, reader, writer)
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    @staticmethod
+    def _mode(head: bytes) -> str:
+        path = head.split(b" ", 2)[1].decode("latin-1")
+        return path.split("/")[1] if path.count("/") >= 2 else ""
+
+    async def _relay(self, head: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.inner_port)
+
+        async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+            try:
+                while data := await source.read(65536):
+                    sink.write(data)
+                    await sink.drain()
+            except ConnectionError:
+                pass
+            finally:
+                sink.close()
+
+        up_writer.write(head)
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+    async def _answer(self, head: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        """Answer one request; False to close the connection afterwards."""
+        lines = head.decode("latin-1").split("\r\n")
+        method, path = lines[0].split(" ")[:2]
+        length = next((int(line.split(":", 1)[1]) for line in lines if line.lower().startswith("content-length:")), 0)
+        body = json.loads(await reader.readexactly(length)) if length else {}
+        mode = self._mode(head)
+        if method == "GET" and path.endswith("/models"):
+            listing = (b"[" * DEEP + b"]" * DEEP) if mode == "deep-models" else json.dumps(
+                {"object": "list", "data": [{"id": MODEL, "object": "model"}]}).encode()
+            writer.write(_json_response(listing))
+            return True
+        if mode == "chaos":
+            task = next((str(m.get("content")) for m in body.get("messages", []) if m.get("role") == "user"), "")
+            ticket = _TICKET.search(task)
+            mode = CHAOS[int(ticket.group(1)) % len(CHAOS)] if ticket else "good"
+        return await self._fault(mode, body, writer)
+
+    async def _fault(self, mode: str, body: dict[str, Any], writer: asyncio.StreamWriter) -> bool:
+        stream = bool(body.get("stream"))
+        first = not any(m.get("role") == "assistant" for m in body.get("messages", []))
+        if mode == "redirect":
+            writer.write(b"HTTP/1.1 307 Temporary Redirect\r\nlocation: /good/v1/chat/completions\r\ncontent-length: 0\r\n\r\n")
+            return True
+        if mode == "drip-headers":
+            writer.write(b"HTTP/1.1 200 OK\r\nx-drip: ")
+            for _ in range(20 * 600):  # ten minutes at most, should a client wait that long
+                await writer.drain()
+                await asyncio.sleep(0.05)
+                writer.write(b"a")
+            return False
+        if mode == "comments":
+            writer.write(_SSE_HEAD)
+            comment = _frame(b": " + b"keep-alive " * 6000 + b"\n")
+            for _ in range(2**40 // len(comment)):
+                writer.write(comment)
+                await writer.drain()
+            return False
+        if mode == "deep":
+            deep = b"[" * DEEP + b"]" * DEEP
+            writer.write(_SSE_HEAD + _frame(b"data: " + deep + b"\n\n") + b"0\r\n\r\n" if stream else _json_response(deep))
+            return True
+        if mode == "early-hints":
+            writer.write(b"HTTP/1.1 103 Early Hints\r\nlink: </style.css>; rel=preload\r\n\r\n")
+            await writer.drain()
+        chunks, cid, whole = _plan(body, "good")
+        if mode == "deep-args" and first:
+            chunks, whole = _with_arguments(body, "[" * 5000 + "]" * 5000)
+        elif mode == "huge-loop" and first:
+            chunks, whole = _with_arguments(body, '{"path": "' + "src/a.py src/a.py " * 120_000)
+        elif mode == "surrogate" and first:
+            chunks, whole = _surrogate_answer()
+        if not stream:
+            answer = {"id": cid, "object": "chat.completion", "model": MODEL, "choices": [{"index": 0, **whole}]}
+            writer.write(_json_response(json.dumps(answer).encode()))
+            return True
+        writer.write(_SSE_HEAD + _frame(chunks[0]))
+        if mode == "raw-reset":
+            await writer.drain()
+            writer.transport.abort()
+            return False
+        if mode == "raw-malformed":
+            chunks = [b'data: {"id": "broken", "choices": [\n\n']
+        writer.write(b"".join(_frame(chunk) for chunk in chunks[1:]) + _frame(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+        return True
+
+
+RAW_MODES = (frozenset(CHAOS) | {"chaos", "deep-models"}) - {"good"}
+
+
 app = Starlette(
     routes=[
         Route("/health", health),
@@ -341,8 +513,16 @@ def start_faulty_server(log_path: Path | None = None) -> tuple[ManagedProcess, s
     return proc, root
 
 
+async def _serve(port: int) -> None:
+    inner = socket.socket()
+    inner.bind(("127.0.0.1", 0))
+    front = await asyncio.start_server(RawFaults(inner.getsockname()[1]).handle, "127.0.0.1", port)
+    async with front:
+        await uvicorn.Server(uvicorn.Config(app, log_level="warning")).serve(sockets=[inner])
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, required=True)
     args = parser.parse_args()
-    uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning")
+    asyncio.run(_serve(args.port))
