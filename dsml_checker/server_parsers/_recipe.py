@@ -1,0 +1,193 @@
+"""SGLang 0.5.23: DeepSeek-V4 chat parsed by DeepSeek's deepseek-recipe StreamProcessor (a Rust parser).
+
+Its behaviour, as measured on its wheel (tests/fixtures/real_parsers/sglang-0.5.23.jsonl):
+- `<｜DSML｜` ends reasoning or content and opens tool mode, whatever block name follows (misspelled or
+  missing wrapper, a bare invoke, a block before `</think>` are all read); content loses its trailing
+  newlines; a later `</think>` is swallowed, so replayed reasoning lands in the content.
+- Tool mode reads invokes up to the first block closer and drops everything after it: later blocks,
+  trailing text, stray closers. An invoke whose opener is not exactly `<｜DSML｜invoke name="N">` (or
+  self-closing) is skipped with its parameters; unknown tools are returned.
+- Arguments are written as they stream: a `string="true"` value as a JSON string (not stripped), any
+  other value pasted verbatim (invalid JSON stays invalid). A value ends at the first `</｜DSML｜`;
+  a closer other than `parameter>` there, or a stray closer between parameters, ends the invoke and
+  drops its later parameters. A malformed
+  parameter header stalls the parse where it stands; a cut text leaves arguments unterminated.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from dsml_checker.formats import SENTINEL, THINK_CLOSE
+from dsml_checker.server_parsers._common import TAGS, Parsed
+
+_TOOL = "<" + SENTINEL
+_CLOSE = "</" + SENTINEL
+_NAME_AT = ' name="'
+_STRING_AT = '" string="'
+
+
+class _Stall(Exception):
+    """The parser met a parameter header it cannot read: it stops where it stands."""
+
+
+class _Reader:
+    """Tool mode over `text` from `pos`: calls into `out`, as (name, arguments written so far)."""
+
+    def __init__(self, text: str, pos: int, out: Parsed) -> None:
+        self.text, self.pos, self.out = text, pos, out
+        self.block_closed = False
+
+    def find(self, token: str) -> int:
+        at = self.text.find(token, self.pos)
+        return len(self.text) if at < 0 else at
+
+    def closer_name(self) -> str | None:
+        """At `</｜DSML｜`: the closer's name, consuming it up to its `>`; None when the text ends first."""
+        start = self.pos + len(_CLOSE)
+        end = self.text.find(">", start)
+        if end < 0:
+            self.pos = len(self.text)
+            return None
+        self.pos = end + 1
+        return self.text[start:end]
+
+    def run(self) -> None:
+        if not self.text.startswith(TAGS.invoke_open, self.pos):
+            end = self.text.find(">", self.pos)
+            if end < 0:
+                return
+            self.pos = end + 1
+            if self.text[self.pos - len(TAGS.opener):self.pos] != TAGS.opener:
+                self.out.actions.append("opener-repaired")
+        else:
+            self.out.actions.append("bare-invokes-read")
+        try:
+            while self.pos < len(self.text):
+                invoke, close = self.find(TAGS.invoke_open), self.find(_CLOSE)
+                if invoke == close == len(self.text):
+                    return
+                if invoke < close:
+                    self.pos = invoke
+                    self.invoke()
+                    if self.block_closed:
+                        return
+                    continue
+                self.pos = close
+                name = self.closer_name()
+                if name not in ("invoke", "parameter", None):
+                    if self.text[self.pos:].strip():
+                        self.out.actions.append("trailing-text-dropped")
+                    return
+        except _Stall:
+            self.out.actions.append("stalled-on-malformed-parameter")
+
+    def invoke(self) -> None:
+        start = self.pos + len(TAGS.invoke_open)
+        if not self.text.startswith(_NAME_AT, start):
+            self.out.actions.append("invoke-dropped")
+            self.pos = start
+            return
+        name_end = self.text.find('"', start + len(_NAME_AT))
+        if name_end < 0:
+            self.pos = len(self.text)
+            return
+        name = self.text[start + len(_NAME_AT):name_end]
+        if self.text.startswith("/>", name_end + 1):
+            self.out.calls.append((name, "{}"))
+            self.pos = name_end + 3
+            return
+        if not self.text.startswith(">", name_end + 1):
+            self.out.actions.append("invoke-dropped")
+            self.pos = name_end + 1
+            return
+        self.pos = name_end + 2
+        self.out.calls.append((name, ""))
+        self.body()
+
+    def write(self, piece: str) -> None:
+        name, args = self.out.calls[-1]
+        self.out.calls[-1] = (name, args + piece)
+
+    def body(self) -> None:
+        params = 0
+        while True:
+            param, close = self.find(TAGS.param_open), self.find(_CLOSE)
+            if param == close == len(self.text):
+                self.pos = len(self.text)
+                return
+            if param < close:
+                self.pos = param
+                self.write("{" if params == 0 else ", ")
+                params += 1
+                if not self.parameter():
+                    self.write("}")
+                    return
+                continue
+            self.pos = close
+            name = self.closer_name()
+            if name is None:
+                return
+            # Any closer ends the invoke (a stray parameter closer too); a block closer ends the block.
+            self.write("}" if params else "{}")
+            self.block_closed = name not in ("invoke", "parameter")
+            return
+
+    def parameter(self) -> bool:
+        """One parameter written; False when its value's closer ended the invoke instead."""
+        start = self.pos + len(TAGS.param_open)
+        if not self.text.startswith(_NAME_AT, start):
+            raise _Stall
+        key_at = start + len(_NAME_AT)
+        key_end = self.text.find(_STRING_AT, key_at)
+        if key_end < 0:
+            self.write('"' + self.text[key_at:])
+            raise _Stall
+        self.write('"' + self.text[key_at:key_end] + '": ')
+        flag_at = key_end + len(_STRING_AT)
+        flag_end = self.text.find('"', flag_at)
+        flag = self.text[flag_at:flag_end] if flag_end >= 0 else ""
+        if flag not in ("true", "false") or not self.text.startswith(">", flag_end + 1):
+            raise _Stall
+        value_at = flag_end + 2
+        value_end = self.text.find(_CLOSE, value_at)
+        value = self.text[value_at:] if value_end < 0 else self.text[value_at:value_end]
+        written = json.dumps(value, ensure_ascii=False) if flag == "true" else value
+        if value_end < 0:
+            self.write(written[:-1] if flag == "true" else written)  # cut mid-value: left open
+            self.pos = len(self.text)
+            raise _Stall
+        self.write(written)
+        self.pos = value_end
+        closer = self.closer_name()
+        if closer == "parameter":
+            return True
+        self.out.actions.append("invoke-ended-inside-value")
+        return False
+
+
+def parse(text: str, tools: list[dict[str, Any]], tool_choice: Any) -> Parsed:
+    parse_tools = bool(tools) and tool_choice != "none"
+    text = text.lstrip("\n")  # the reasoning of a new turn starts after its leading newlines
+    think = text.find(THINK_CLOSE)
+    tool_at = text.find(_TOOL) if parse_tools else -1
+    if tool_at >= 0 and (think < 0 or tool_at < think):
+        out = Parsed(text[:tool_at].rstrip("\n"), "")
+        out.actions.append("block-in-reasoning-read")
+    elif think < 0:
+        return Parsed(text, "")
+    else:
+        out = Parsed(text[:think], "")
+        body = text[think + len(THINK_CLOSE):].lstrip("\n")  # so does the answer
+        tool_at = body.find(_TOOL) if parse_tools else -1
+        head = body if tool_at < 0 else body[:tool_at]
+        if THINK_CLOSE in head:
+            out.actions.append("think-close-swallowed")
+        out.content = head.replace(THINK_CLOSE, "")
+        if tool_at < 0:
+            return out
+        out.content = out.content.rstrip("\n")
+        text, tool_at = body, tool_at
+    _Reader(text, tool_at, out).run()
+    return out
