@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
 from dsml_checker import Verdict, check, check_raw, encode_messages
+from dsml_checker.server_parsers import DEFAULT_PARSER, parse_as
 from repro.rawtext import RawCollector, RawSource, RawText, collector
 from repro.records import FindingRecord, TurnVerdict
 
@@ -27,10 +28,12 @@ ObserveMode = Literal["raw", "parsed", "both"]
 OBSERVE_MODES: tuple[ObserveMode, ...] = get_args(ObserveMode)
 RawEndpoint = Literal["completions", "generate"]
 RAW_ENDPOINTS: tuple[RawEndpoint, ...] = get_args(RawEndpoint)
-DEFAULT_CLIENT_PARSER = "sglang-0.5.23"
 
 LOGPROB_FIELDS: dict[str, Any] = {"logprobs": True, "top_logprobs": 0}
 """What raw mode adds to a chat request: every generated token's string, no alternatives."""
+
+KEEP_SPECIAL: dict[str, Any] = {"skip_special_tokens": False, "no_stop_trim": True}
+"""SGLang's switches that keep `</think>` and the end of sentence in a raw-text endpoint's output."""
 
 _RANK = {"clean": 0, "suspect": 1, "corrupt": 2}
 
@@ -101,8 +104,8 @@ def text_request(source: RawSource, payload: dict[str, Any], *, fmt: str, thinki
     if source == "generate":
         params = {"max_new_tokens": sampling["max_tokens"], "temperature": sampling["temperature"]}
         params = {key: value for key, value in params.items() if value is not None}
-        return {"text": prompt, "sampling_params": {**params, "skip_special_tokens": False}}
-    body = {"model": payload.get("model"), "prompt": prompt, **sampling, "skip_special_tokens": False}
+        return {"text": prompt, "sampling_params": {**params, **KEEP_SPECIAL}}
+    body = {"model": payload.get("model"), "prompt": prompt, **sampling, **KEEP_SPECIAL}
     return {key: value for key, value in body.items() if value is not None}
 
 
@@ -115,40 +118,18 @@ def turn_request(plan: ObservePlan, payload: dict[str, Any]) -> tuple[dict[str, 
     return {**payload, **LOGPROB_FIELDS}, collector("logprobs")
 
 
-def _openai_calls(calls: Any, turn: int) -> list[dict[str, Any]]:
-    """An emulated parser's calls as OpenAI `tool_calls` (arguments as a JSON string, as servers send them)."""
-    import json
-
-    out = []
-    for position, call in enumerate(calls or []):
-        name = getattr(call, "name", None)
-        arguments = getattr(call, "arguments", None)
-        if isinstance(call, dict):
-            function = call.get("function") if isinstance(call.get("function"), dict) else call
-            name, arguments = function.get("name"), function.get("arguments")
-        if not isinstance(arguments, str):
-            arguments = json.dumps(arguments if arguments is not None else {}, ensure_ascii=False)
-        out.append({"id": f"call_{turn}_{position}", "type": "function", "function": {"name": name, "arguments": arguments}})
-    return out
-
-
 def parse_text(
     plan: ObservePlan, text: str, finish_reason: str | None, *, tools: Any, tool_choice: Any, turn: int
 ) -> tuple[dict[str, Any], str | None]:
     """A raw-text endpoint's text as the message and finish reason the emulated server would have returned."""
-    from dsml_checker.server_parsers import parse_as
-
-    parsed = parse_as(plan.client_parser or DEFAULT_CLIENT_PARSER, text, tools=tools, tool_choice=tool_choice, fmt=plan.fmt)
-    calls = _openai_calls(parsed.calls, turn)
-    message = {
-        "role": "assistant",
-        "content": parsed.content,
-        "reasoning_content": parsed.reasoning,
-        "tool_calls": calls or None,
-    }
-    if calls and finish_reason == "stop":
-        finish_reason = "tool_calls"  # as a chat endpoint reports a turn that ended in calls
-    return message, finish_reason
+    parsed = parse_as(
+        plan.client_parser or DEFAULT_PARSER, text, tools=tools, tool_choice=tool_choice, fmt=plan.fmt,
+        finish_reason=finish_reason if finish_reason in ("stop", "length") else None,
+    )
+    message = parsed.message()
+    for position, call in enumerate(message["tool_calls"] or []):
+        call["id"] = f"call_{turn}_{position}"
+    return message, parsed.finish_reason
 
 
 @dataclass(frozen=True)

@@ -15,11 +15,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from dsml_checker.server_parsers import DEFAULT_PARSER
 from repro.client import make_client, send_turn
 from repro.errors import UsageError
 from repro.metrics import server_root
 from repro.observe import (
-    DEFAULT_CLIENT_PARSER,
     LOGPROB_FIELDS,
     ObserveMode,
     ObservePlan,
@@ -49,7 +49,7 @@ class ProbeRequest:
     """None: the default (`both` where the target supports it)."""
     raw_endpoint: RawEndpoint | None = None
     """None: logprobs when they cover tool calls, else the first raw-text endpoint that answers."""
-    client_parser: str = DEFAULT_CLIENT_PARSER
+    client_parser: str = DEFAULT_PARSER
     fmt: str = "v4"
     thinking: bool = True
 

@@ -27,6 +27,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from rich.console import Console
 
+from dsml_checker.server_parsers import DEFAULT_PARSER, PARSERS
 from repro import __version__
 from repro.client import MAX_TURN_BYTES, make_client
 from repro.display import final_view, say, show_progress
@@ -41,7 +42,7 @@ from repro.errors import (
 )
 from repro.load import LoadProgress, run_load
 from repro.metrics import MetricsScraper, metrics_url, server_root
-from repro.observe import DEFAULT_CLIENT_PARSER, ObserveMode, RawEndpoint, thinking_of
+from repro.observe import ObserveMode, RawEndpoint, thinking_of
 from repro.rawprobe import PROBE_TIMEOUT_S, ProbeRequest, ProbeResult, probe
 from repro.records import Manifest, SessionRecord, Summary
 from repro.session import Session, SessionConfig
@@ -89,14 +90,12 @@ class RunOptions(BaseModel):
     """Judge the parsed message, the raw generated text, or both; None: both where the target shows raw text."""
     raw_endpoint: RawEndpoint | None = None
     """Take raw text from this endpoint instead of chat logprobs; None: logprobs when they cover tool calls."""
-    client_parser: str = DEFAULT_CLIENT_PARSER
+    client_parser: str = DEFAULT_PARSER
     """The server parser emulated client-side over a raw-text endpoint's text (repro.observe)."""
 
     @field_validator("client_parser")
     @classmethod
     def _known_parser(cls, value: str) -> str:
-        from dsml_checker.server_parsers import PARSERS
-
         if value not in PARSERS:
             raise ValueError(f"unknown parser {value!r}; expected one of {', '.join(PARSERS)}")
         return value
