@@ -212,3 +212,57 @@ def test_garbage_logprobs_are_classified_never_crash_the_run(faulty: str, tmp_pa
     assert later and all(t.raw_complete is False and t.raw_verdict is None and t.verdict == "clean" for t in later)
     assert all(t.raw_gap and "malformed" in t.raw_gap for t in later)
     assert _summary(tmp_path / "run")["parser_effect"]["raw_incomplete_turns"] == len(later)
+
+
+@pytest.mark.parametrize(
+    ("mode", "args", "source"),
+    [("lp-notools~a", [], "completions"), ("text~b", ["--raw-endpoint", "generate"], "generate"),
+     ("text~c", ["--no-stream"], "completions")],
+)
+def test_without_tool_call_logprobs_the_raw_text_comes_from_a_raw_endpoint(
+    faulty: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], mode: str, args: list[str], source: str
+) -> None:
+    code, err = _run(capsys, tmp_path / "run", f"{faulty}/{mode}/v1", *args)
+    assert code == 0, err
+    run = load_run(tmp_path / "run")
+    observe = run.manifest.observe
+    assert observe is not None and (observe["mode"], observe["raw_source"], observe["client_parser"]) == ("both", source, "sglang-0.5.23")
+    assert "client-side emulation" in observe["parsed_verdict_on"]
+    if mode.startswith("lp-notools"):
+        assert observe["probe"]["logprobs"].startswith("incomplete: ")
+    # The session loop went on with the calls parsed client-side, to the final answer.
+    for session in run.sessions:
+        assert (session.outcome, session.finished) == ("clean", True)
+        assert [t.tool_calls for t in session.turns] == [["read_file"]] * 3 + [[]]
+        assert all(t.raw_source == source and t.raw_complete and t.raw_verdict == "clean" for t in session.turns)
+        assert session.turns[0].finish_reason == "tool_calls" and session.turns[-1].finish_reason == "stop"
+    prompt_key = "text" if source == "generate" else "prompt"
+    bodies = [b for b in _received(faulty, mode) if prompt_key in b][1:]  # after the probe's
+    assert len(bodies) == sum(len(s.turns) for s in run.sessions)
+    assert all(b[prompt_key].endswith("<｜Assistant｜><think>") and "messages" not in b for b in bodies)
+    assert not bodies[0][prompt_key].startswith("<｜begin▁of▁sentence｜>")
+
+
+def _fault_ids(sim_url: str) -> set[str]:
+    faults = httpx.get(f"{sim_url.removesuffix('/v1')}/debug/faults").json()["faults"]
+    return {fault["request_id"] for fault in faults}
+
+
+@pytest.mark.parametrize("coverage", ["full", "no-tool-calls"])
+def test_raw_verdicts_agree_with_the_simulators_fault_log(
+    sim_server: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str], coverage: str
+) -> None:
+    sim = sim_server("--enable-hierarchical-cache", "--index-k-dtype", "bf16", "--logprobs-coverage", coverage)
+    code, _, err = run_main(capsys, "run", "--base-url", sim.base_url, "--sessions", "40", "--turns", "8",
+                            "--out", str(tmp_path / "run"))
+    assert code == 0, err
+    run = load_run(tmp_path / "run")
+    assert run.manifest.observe is not None
+    assert run.manifest.observe["raw_source"] == ("logprobs" if coverage == "full" else "completions")
+    logged = _fault_ids(sim.base_url)
+    assert logged, "the simulator injected no fault: nothing to compare"
+    turns = [t for s in run.sessions for t in s.turns]
+    assert all(t.status == "ok" for t in turns)
+    # The simulator's log is the truth: every fault it injected shows in the raw text, nothing else does.
+    assert {t.request_id for t in turns if t.raw_verdict == "corrupt"} == logged
+    assert sum(len(s.turns) for s in run.sessions) > 2 * len(run.sessions)  # the loop went on with parsed calls
