@@ -253,6 +253,21 @@ class ParserEffect(_Record):
         """Of the sessions whose parsed messages were corrupt, the share whose raw text was clean."""
         return self.made_sessions / self.parsed_corrupt_sessions if self.parsed_corrupt_sessions else None
 
+    def describe(self) -> str:
+        """One sentence for the terminal and the reports: how much the parser hid and made."""
+        if not (self.raw_corrupt_sessions or self.parsed_corrupt_sessions):
+            text = f"Raw text and parsed messages agree: no corrupt turn in either ({self.judged_turns} turns judged both ways)."
+        else:
+            share = "" if self.hidden_share is None else f" ({self.hidden_share:.0%})"
+            text = (
+                f"The server's parser hid the damage of {self.hidden_sessions} of {self.raw_corrupt_sessions} sessions "
+                f"whose raw text was corrupt{share}, and made {self.made_sessions} corrupt itself (raw text clean); "
+                f"turns: {self.hidden_turns} hidden, {self.made_turns} made, of {self.judged_turns} judged both ways."
+            )
+        if self.raw_incomplete_turns:
+            text += f" {self.raw_incomplete_turns} turns had no whole raw text and were judged on the parsed message only."
+        return text
+
     @classmethod
     def of(cls, sessions: Sequence["SessionRecord"]) -> "ParserEffect":
         turns = [turn for session in sessions for turn in session.turns if turn.status == "ok"]

@@ -13,7 +13,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Sequence
 
-from repro.records import OutcomeCounts, SessionRecord, TurnRecord
+from repro.records import FindingRecord, OutcomeCounts, ParserEffect, SessionRecord, TurnRecord
 from repro.report.raw import RawExcerpt, read_raw, response_fields
 from repro.stats import Inconclusive, Interval, assess_inconclusive, clopper_pearson, timeout_bounds, upper_bound
 from repro.stats.verdict import MAX_TIMEOUT_FRACTION, MIN_COMPLETED
@@ -118,6 +118,14 @@ class TurnView:
     e2e_s: float | None
     findings: list[FindingView]
     raw: RawExcerpt | None
+    parsed_verdict: str | None = None
+    raw_verdict: str | None = None
+    """None in parsed mode or when the raw text was not whole (`raw_gap` says why)."""
+    raw_source: str | None = None
+    raw_gap: str | None = None
+    raw_findings: list[FindingView] = field(default_factory=list)
+    """Findings on the text the model generated, cut out of the rebuilt raw text."""
+    raw_text: RawExcerpt | None = None
 
 
 @dataclass(frozen=True)
@@ -144,7 +152,7 @@ class SessionView:
 
         Built on first use, so only the sessions a page shows in full read and parse their raw bytes.
         """
-        return [_turn_view(self.run, t) for t in self.record.turns if not (t.status == "ok" and t.verdict == "clean")]
+        return [_turn_view(self.run, t) for t in self.record.turns if not _all_clean(t)]
 
 
 @dataclass(frozen=True)
@@ -174,6 +182,10 @@ class RunView:
     """metrics.csv (t_s or elapsed_s, metric, labels, value) when present and readable."""
     notes: list[str]
     """Problems with the run directory that the report worked around (a torn metrics file, …)."""
+    observe: str = "parsed"
+    """What the run judged: parsed (runs from before raw mode too), raw or both."""
+    effect: ParserEffect | None = None
+    """How much damage the server's parser hid and made (raw and both modes)."""
 
 
 @dataclass(frozen=True)
@@ -213,11 +225,11 @@ def _option(run: Run, key: str, default: Any) -> Any:
 
 
 def verdict_for(counts: OutcomeCounts, rate: Interval, upper: float, worst: Interval, best: Interval,
-                assessment: Inconclusive, *, interrupted_run: bool = False) -> Verdict:
+                assessment: Inconclusive, *, interrupted_run: bool = False, effect: ParserEffect | None = None) -> Verdict:
     """The banner's words. Evidence wins: any corrupt session makes the run corrupt, whatever timed out."""
     conf = fmt_conf(rate.confidence)
     k, n = counts.corrupt, counts.completed
-    details: list[str] = []
+    details: list[str] = [effect.describe()] if effect is not None else []
     if counts.timeout:
         details.append(
             f"{counts.timeout} of {counts.total} sessions timed out; counting each as corrupt or as clean, "
@@ -274,11 +286,16 @@ def read_metrics(run_dir: Path) -> tuple[pd.DataFrame | None, str | None]:
     return frame.dropna(subset=["t_s", "value"]), None
 
 
-def _turn_view(run: Run, turn: TurnRecord) -> TurnView:
-    raw = read_raw(run.path, turn.raw_path) if turn.raw_path else None
-    texts = response_fields(raw.data) if raw is not None else {}
+def _all_clean(turn: TurnRecord) -> bool:
+    """An answered turn that every verdict it carries calls clean."""
+    verdicts = (turn.verdict, turn.parsed_verdict or "clean", turn.raw_verdict or "clean")
+    return turn.status == "ok" and all(v == "clean" for v in verdicts)
+
+
+def _finding_views(found: list[FindingRecord], texts: dict[str, str]) -> list[FindingView]:
+    """Each finding with its span cut out of its field's text, or its stored excerpt when the text is not there."""
     findings: list[FindingView] = []
-    for finding in turn.findings:
+    for finding in found:
         text = texts.get(finding.field)
         if text is not None and 0 <= finding.start <= finding.end <= len(text):
             hit, more = clip_more(text[finding.start : finding.end], HIT_CHARS)
@@ -299,6 +316,14 @@ def _turn_view(run: Run, turn: TurnRecord) -> TurnView:
             findings.append(
                 FindingView(finding.rule, finding.field, finding.severity, "", hit, "", False, more)
             )
+    return findings
+
+
+def _turn_view(run: Run, turn: TurnRecord) -> TurnView:
+    raw = read_raw(run.path, turn.raw_path) if turn.raw_path else None
+    texts = response_fields(raw.data) if raw is not None else {}
+    raw_text = read_raw(run.path, turn.raw_text_path) if turn.raw_text_path else None
+    generated = {"raw": raw_text.data.decode("utf-8", "replace")} if raw_text is not None else {}
     return TurnView(
         index=turn.index,
         status=turn.status,
@@ -309,8 +334,14 @@ def _turn_view(run: Run, turn: TurnRecord) -> TurnView:
         error=turn.error,
         ttft_s=turn.ttft_s,
         e2e_s=turn.e2e_s,
-        findings=findings,
+        findings=_finding_views(turn.findings, texts),
         raw=raw.excerpt if raw is not None else None,
+        parsed_verdict=turn.parsed_verdict,
+        raw_verdict=turn.raw_verdict,
+        raw_source=turn.raw_source,
+        raw_gap=turn.raw_gap,
+        raw_findings=_finding_views(turn.raw_findings, generated),
+        raw_text=raw_text.excerpt if raw_text is not None else None,
     )
 
 
@@ -349,6 +380,8 @@ def run_view(run: Run, *, confidence: float = 0.95) -> RunView:
     upper = upper_bound(counts.corrupt, counts.completed, confidence)
     metrics, metrics_note = read_metrics(run.path)
     interrupted = bool(run.summary and run.summary.interrupted)
+    observe = str((run.manifest.observe or {}).get("mode") or "parsed")
+    effect = ParserEffect.of(run.sessions) if observe in ("raw", "both") else None
     target = run.manifest.target
     by_outcome = {
         outcome: [_session_view(run, s) for s in run.sessions if s.outcome == outcome]
@@ -365,7 +398,7 @@ def run_view(run: Run, *, confidence: float = 0.95) -> RunView:
         worst=worst,
         best=best,
         assessment=assessment,
-        verdict=verdict_for(counts, rate, upper, worst, best, assessment, interrupted_run=interrupted),
+        verdict=verdict_for(counts, rate, upper, worst, best, assessment, interrupted_run=interrupted, effect=effect),
         corrupt_sessions=by_outcome["corrupt"],
         timeout_sessions=by_outcome["timeout"],
         error_sessions=by_outcome["error"],
@@ -376,6 +409,8 @@ def run_view(run: Run, *, confidence: float = 0.95) -> RunView:
         gate=run.summary.gate if run.summary is not None else None,
         metrics=metrics,
         notes=[metrics_note] if metrics_note else [],
+        observe=observe,
+        effect=effect,
     )
 
 
