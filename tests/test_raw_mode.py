@@ -17,8 +17,9 @@ from hypothesis import strategies as st
 
 from faulty_servers import ORPHAN_CLOSER, start_faulty_server
 from repro.rawtext import CompletionText, GenerateText, LogprobText
-from repro.store import load_run
-from run_builders import run_main
+from repro.records import FindingRecord, Manifest, ParserEffect, SessionRecord, TurnRecord, corrupt_seen
+from repro.store import RunWriter, load_run
+from run_builders import make_run, run_main
 
 PRODUCTION_KEYS = {"model", "messages", "tools", "tool_choice", "max_tokens", "temperature", "stream", "stream_options"}
 
@@ -266,3 +267,68 @@ def test_raw_verdicts_agree_with_the_simulators_fault_log(
     # The simulator's log is the truth: every fault it injected shows in the raw text, nothing else does.
     assert {t.request_id for t in turns if t.raw_verdict == "corrupt"} == logged
     assert sum(len(s.turns) for s in run.sessions) > 2 * len(run.sessions)  # the loop went on with parsed calls
+
+
+# ------------------------------------------------------------------------------------------------ records and report
+
+HOSTILE = '<script>alert(1)</script>'
+
+
+def _hidden_run(path: Path) -> Path:
+    """A run directory of one session whose first turn's raw text (hostile markup in it) was corrupt and parsed clean."""
+    writer = RunWriter(path)
+    writer.write_manifest(Manifest(
+        name="raw", run_id="raw-id", command=["repro", "run"], options={}, workload={"name": "w"},
+        target={"base_url": "http://127.0.0.1:9/v1", "model": "m", "embedded": False},
+        observe={"mode": "both", "raw_source": "logprobs"}, started_at="2026-12-01T10:00:00Z",
+    ))
+    text = f"Plan {HOSTILE}</think>Looking.\n\n<｜DSML｜tool_calls>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>"
+    at = text.index("</｜DSML｜invoke>")
+    turns = [
+        TurnRecord(index=0, status="ok", verdict="corrupt", parsed_verdict="clean", raw_verdict="corrupt",
+                   raw_source="logprobs", raw_complete=True, start_s=0.0, request_id="req-0",
+                   raw_path=writer.write_raw(0, 0, b'{"choices": [{"message": {"content": "Looking."}}]}', suffix="json"),
+                   raw_text_path=writer.write_raw(0, 0, text.encode(), suffix="txt"),
+                   raw_findings=[FindingRecord(rule="raw-orphan-closer", field="raw", start=at, end=at + len("</｜DSML｜invoke>"),
+                                               excerpt=text[at : at + 15], severity="hard")]),
+        TurnRecord(index=1, status="ok", verdict="clean", parsed_verdict="clean", raw_complete=False,
+                   raw_gap=f"no logprobs {HOSTILE}", raw_source="logprobs", start_s=1.0),
+    ]
+    writer.append_session(SessionRecord(session_id=0, task=f"task {HOSTILE}", outcome="corrupt", start_s=0.0, end_s=2.0,
+                                        turns=turns, first_corrupt_turn=0, rules=["raw-orphan-closer"],
+                                        corrupt_seen=corrupt_seen(turns)))
+    writer.close()
+    return path
+
+
+def test_the_report_shows_both_verdicts_and_the_hidden_share_escaped(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = _hidden_run(tmp_path / "run")
+    code, _, err = run_main(capsys, "report", str(run), "--markdown", str(tmp_path / "r.md"))
+    assert code == 0, err
+    html = (run / "report.html").read_text()
+    assert HOSTILE not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    assert "hidden by the server&#39;s parser" in html or "hidden by the server's parser" in html
+    assert "parsed message: clean · raw text (logprobs): corrupt" in html
+    assert "<mark>&lt;/｜DSML｜invoke&gt;</mark>" in html  # the raw finding, cut out of the rebuilt text
+    assert "The server&#39;s parser hid the damage of 1 of 1 sessions" in html
+    markdown = (tmp_path / "r.md").read_text()
+    assert "| both | 1/1 = 100% | 0/0 = — |" in markdown and "<script" not in markdown
+
+
+def test_run_directories_from_before_raw_mode_still_load(tmp_path: Path) -> None:
+    path = make_run(tmp_path / "old", clean=2, corrupt=1)
+    lines = (path / "sessions.jsonl").read_text().splitlines()
+    old = [json.loads(line) for line in lines]
+    for session in old:  # as an older repro wrote them: none of raw mode's fields
+        session.pop("corrupt_seen", None)
+        for turn in session["turns"]:
+            for key in [k for k in turn if k.startswith("raw_") and k != "raw_path" or k == "parsed_verdict"]:
+                turn.pop(key)
+    (path / "sessions.jsonl").write_text("".join(json.dumps(s) + "\n" for s in old))
+    run = load_run(path)
+    assert [s.corrupt_seen for s in run.sessions] == [None] * 3
+    assert all(t.parser_effect is None and t.raw_findings == [] for s in run.sessions for t in s.turns)
+    assert run.summary is not None and run.summary.observe is None and run.summary.parser_effect is None
+    assert run.manifest.observe is None
+    effect = ParserEffect.of(run.sessions)
+    assert (effect.judged_turns, effect.hidden_sessions, effect.hidden_share) == (0, 0, None)
