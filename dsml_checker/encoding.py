@@ -472,7 +472,8 @@ def encode_messages(
 
     `thinking` is the reference's `thinking_mode` ("thinking" or "chat"); `context`, `drop_thinking`,
     `add_default_bos_token` and `reasoning_effort` are the reference's parameters (V3.2 has no effort).
-    `tools` are OpenAI tools, placed as `attach_tools` does; messages may also carry `tools` themselves.
+    `tools` are OpenAI tools, placed in `messages` (never in `context`) as `attach_tools` does; messages may
+    also carry `tools` themselves, as the reference takes them.
     An assistant turn's past reasoning may be given as `reasoning` or `reasoning_content`: like vLLM's chat
     preprocessing, the encoder fills both before the reference logic reads its own key.
     Raises ValueError where the reference raises.

@@ -91,11 +91,12 @@ def generate_body(raw: RawText, end: int | None = None, *, finished: bool = True
     """A `/generate` response (or, unfinished, a streamed step): the text so far, never a delta."""
     end = len(raw.tokens) if end is None else end
     reply = raw.reply
+    tokens = reply.completion_tokens if finished else reply.completion_tokens * end // max(1, len(raw.tokens))
     meta = {
         "id": reply.request_id,
         "finish_reason": _sglang_finish(raw) if finished else None,
         "prompt_tokens": reply.prompt_tokens,
-        "completion_tokens": reply.completion_tokens if finished else reply.completion_tokens * end // max(1, len(raw.tokens)),
+        "completion_tokens": tokens,
         "cached_tokens": reply.cached_tokens,
         "weight_version": "default",
         "num_retractions": 0,
@@ -153,7 +154,8 @@ class CompletionCursor:
     def advance(self, tokens_done: int, tokens_total: int) -> Iterator[dict[str, Any]]:
         upto = self.raw.upto(tokens_done, tokens_total)
         if upto > self.sent:
-            yield _completion_envelope(self.raw.reply, [_completion_choice(self.raw, self.raw.text(self.sent, upto), False)])
+            choice = _completion_choice(self.raw, self.raw.text(self.sent, upto), False)
+            yield _completion_envelope(self.raw.reply, [choice])
         self.sent = max(self.sent, upto)
 
     def closing(self) -> list[dict[str, Any]]:

@@ -255,8 +255,9 @@ def create_app(config: SimConfig) -> Starlette:
         engine_request, pending = sim.generate(chat_request, request_id, prompt)
         if chat_request.stream:
             include_usage = chat_request.include_usage
-            return StreamingResponse(_stream(engine_request, pending, lambda r: ChatStream(r, include_usage=include_usage)),
-                                     media_type="text/event-stream")
+            return StreamingResponse(
+                _stream(engine_request, pending, lambda r: ChatStream(r, include_usage=include_usage)),
+                media_type="text/event-stream")
         failed = await _finished(engine_request)
         return failed or JSONResponse(pending.result().body())
 
@@ -300,8 +301,9 @@ def create_app(config: SimConfig) -> Starlette:
         engine_request, pending = started
         keep_eos = not params.skip_special_tokens and params.no_stop_trim
         if body.stream:
-            return StreamingResponse(_stream(engine_request, pending, lambda r: GenerateCursor(RawText(r, keep_eos=keep_eos))),
-                                     media_type="text/event-stream")
+            return StreamingResponse(
+                _stream(engine_request, pending, lambda r: GenerateCursor(RawText(r, keep_eos=keep_eos))),
+                media_type="text/event-stream")
         failed = await _finished(engine_request)
         return failed or JSONResponse(generate_body(RawText(pending.result(), keep_eos=keep_eos)))
 

@@ -17,7 +17,7 @@ Coverage = Literal["full", "no-tool-calls", "none"]
 COVERAGES: tuple[Coverage, ...] = ("full", "no-tool-calls", "none")
 
 _TOKEN = re.compile(
-    r"<｜end▁of▁sentence｜>|</think>|<think>|</?｜DSML｜|\n+|[ \t]?[^\W_]{1,6}|[ \t]+|.", re.DOTALL
+    r"<｜end▁of▁sentence｜>|</think>|<think>|</?｜DSML｜|｜DSML｜|\n+|[ \t]?[^\W_]{1,6}|[ \t]+|.", re.DOTALL
 )
 _ALTERNATIVES = (" the", " a", "\n", ",", ".", " and", " to", "<", '"', " of", ">", " is", ":", " in", "_", " for",
                  " that", "(", ")", " it", " with")
