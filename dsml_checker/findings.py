@@ -43,6 +43,15 @@ RULES: dict[str, Rule] = {
     "tool-choice-none": Rule("hard", 'tool_choice was "none" but the turn carries tool calls or tool-call markup'),
     "tool-choice-required": Rule("hard", 'tool_choice was "required" or a named function but there are no tool_calls'),
     "tool-choice-mismatch": Rule("hard", "tool_choice named a function but another function was called"),
+    # what today's parsers make of damaged text (real-parsers.md §2c); hard, because each changes what the agent
+    # acts on, and each has a clean look-alike kept out by its threshold
+    "duplicate-call": Rule("hard", "the same call (name, equal non-empty arguments) twice in one turn: a re-sent block parsed twice"),
+    "reasoning-replayed": Rule("hard", "the content holds the reasoning (whole, 48+ characters, or a cut replay of 200+)"),
+    "bare-tool-tags": Rule("hard", "<invoke name=…>/<parameter name=…> without the sentinel, naming the request's tools or parameters"),
+    "resent-prefix": Rule("hard", "the text opens with a streaming buffer re-sent growing (Let me checkLet me check the…)"),
+    "empty-turn": Rule("hard", "no content and no tool calls with finish_reason stop (reasoning alone included): nothing to act on"),
+    "call-lost": Rule("hard", "the raw text shows a complete invoke that the parsed message has no call for"),
+    "param-lost": Rule("hard", "a parsed call lacks a parameter that its invoke in the raw text shows"),
     # soft (rules 10–11)
     "repetition-loop": Rule("soft", "a short unit repeats in a loop (0000…, repeated n-grams)"),
     "rare-chars": Rule("soft", "a run of replacement, control, private-use or other rare characters"),

@@ -37,12 +37,12 @@ from dsml_checker.formats import (
     block_opener,
     parse_calls,
 )
+from dsml_checker.invokes import dsml_tags
 from dsml_checker.text_rules import MARKUP_RULES
 
 _FIELD = "raw"
 # Quotes a model may put around an attribute value in place of ASCII '"'.
 _ODD_QUOTES = "“”„‟″‘’‚‛«»「」＂'"
-_WORD_MAX = 24  # a DSML tag word is short: longer runs are prose, and bound the work per tag
 # Strict-parser rules (formats._parse_dsml_strict, _parse_v3) -> raw rule, before refinement by what is there.
 _PARSE_RULES = {
     "block-opener": "raw-opener-misspelled",
@@ -81,22 +81,6 @@ def _cut_tail(text: str, tokens: tuple[str, ...]) -> int:
     return best
 
 
-def _tags(text: str, start: int = 0, end: int | None = None) -> Iterator[tuple[int, bool, str]]:
-    """(offset, closing, word) for every canonical-sentinel tag in text[start:end]: `<｜DSML｜word` or `</｜DSML｜word`."""
-    stop = len(text) if end is None else end
-    at = text.find(SENTINEL, start, stop)
-    while at >= 0:
-        closing = text[at - 2 : at] == "</"
-        if closing or text[at - 1 : at] == "<":
-            i = at + len(SENTINEL)
-            j = i + 1 if text[i : i + 1] == " " else i  # V4.1 puts one space before each tag word
-            limit = min(stop, i + _WORD_MAX)
-            while j < limit and (text[j].isalpha() or text[j] == "_"):
-                j += 1
-            yield at - (2 if closing else 1), closing, text[i:j]
-        at = text.find(SENTINEL, at + len(SENTINEL), stop)
-
-
 def _known_tag(text: str, at: int, closing: bool, word: str, tags: DsmlTags, *, cut_ok: bool) -> bool:
     """Whether the tag at `at` is one the grammar has, spelt in full (or cut by the end of the text when `cut_ok`)."""
     if closing:
@@ -104,7 +88,7 @@ def _known_tag(text: str, at: int, closing: bool, word: str, tags: DsmlTags, *, 
     else:
         wanted = [tags.opener, f'{tags.invoke_open} name="', f'{tags.param_open} name="']
     for full in wanted:
-        if text.startswith(full, at) or (cut_ok and full.startswith(text[at:])):
+        if text.startswith(full, at) or (cut_ok and len(text) - at < len(full) and full.startswith(text[at:])):
             return True
     return False
 
@@ -202,10 +186,10 @@ def _judge_block(block: str, at: int, fmt: str, truncated: bool, out: _Out) -> t
     """Findings over the block (starting at its opener, at offset `at` of the raw text); its calls and length."""
     if fmt in DSML_FORMATS:
         tags = DSML_FORMATS[fmt]
-        for pos, closing, word in _tags(block):
-            if not _known_tag(block, pos, closing, word, tags, cut_ok=truncated):
-                rule = "raw-closer-in-value" if closing and word.strip()[:5] == tags.parameter.strip()[:5] else "raw-tag-fragment"
-                out.add(rule, at + pos, at + pos + len(word) + 8)
+        for tag in dsml_tags(block):
+            if not _known_tag(block, tag.start, tag.closing, tag.word, tags, cut_ok=truncated):
+                param_like = tag.closing and tag.word.strip()[:5] == tags.parameter.strip()[:5]
+                out.add("raw-closer-in-value" if param_like else "raw-tag-fragment", at + tag.start, at + tag.end)
     try:
         calls = parse_calls(block, mode="strict", fmt=fmt)
         end = len(block)
@@ -241,8 +225,9 @@ def _classify_content(content: str, at: int, fmt: str, rules: set[str], out: _Ou
     if fmt not in DSML_FORMATS:
         return
     tags = DSML_FORMATS[fmt]
-    for pos, closing, word in _tags(content):
-        if closing:
+    for tag in dsml_tags(content):
+        pos, word = tag.start, tag.word
+        if tag.closing:
             continue
         if word == tags.invoke:
             end = content.find(">", pos)

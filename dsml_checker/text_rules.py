@@ -432,3 +432,8 @@ def scan_arguments(text: str, field: str) -> list[Finding]:
         if m is not None:
             return [make_finding("args-dsml", field, text, m.start(), m.end())]
     return []
+
+
+def quoted_spans(text: str) -> list[tuple[int, int]]:
+    """The Markdown code spans and fenced blocks of `text`: markup inside them is quoted, not leaked."""
+    return _quoted_regions(text)
