@@ -9,9 +9,10 @@
   the raw-text endpoint; the tool calls are parsed client-side by an emulation of a real server's
   parser (`dsml_checker.server_parsers.parse_as`), and the session goes on with those.
 
-`judge` gives each turn its verdicts: on the parsed message (what an agent saw), on the raw text
-(what the model emitted), and the combined one the run counts (`raw` mode: the raw verdict; `both`:
-the worse of the two). Pure: no I/O.
+`judge` gives each turn its verdicts: on the parsed message (what an agent saw, so the same as in
+`parsed` mode), on the raw text (what the model emitted), what the parse lost of the raw text (the
+checker's `call-lost` and `param-lost`: parser damage no agent sees), and the combined one the run
+counts (`raw` mode: the raw verdict; `both`: the worst of the three). Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ LOGPROB_FIELDS: dict[str, Any] = {"logprobs": True, "top_logprobs": 0}
 
 KEEP_SPECIAL: dict[str, Any] = {"skip_special_tokens": False, "no_stop_trim": True}
 """SGLang's switches that keep `</think>` and the end of sentence in a raw-text endpoint's output."""
+
+CROSS_RULES = frozenset({"call-lost", "param-lost"})
+"""The checker's rules that compare the parsed message with the raw text: evidence an agent could not see."""
 
 _RANK = {"clean": 0, "suspect": 1, "corrupt": 2}
 
@@ -140,6 +144,8 @@ class Judgement:
     parsed: Verdict
     raw: Verdict | None
     """None in parsed mode, or when the raw text was not whole."""
+    lost: Verdict | None = None
+    """What the parse lost of the raw text; None when there was no whole raw text to compare with."""
 
 
 def judge(
@@ -152,15 +158,16 @@ def judge(
     rawtext: RawText | None,
 ) -> Judgement:
     """Both verdicts of a turn and how they combine under the plan's mode (module docstring)."""
-    whole = rawtext is not None and rawtext.complete
-    parsed = check(message, finish_reason=finish_reason, tools=tools, tool_choice=tool_choice)
-    if not whole:
-        return Judgement(parsed.label, parsed, None)
-    assert rawtext is not None
-    raw = check_raw(rawtext.text, tools=tools, tool_choice=tool_choice, finish_reason=finish_reason, fmt=plan.fmt)
+    text = rawtext.text if rawtext is not None and rawtext.complete else None
+    seen = check(message, finish_reason=finish_reason, tools=tools, tool_choice=tool_choice, raw=text)
+    if text is None:
+        return Judgement(seen.label, seen, None)
+    parsed = Verdict.of(tuple(f for f in seen.findings if f.rule not in CROSS_RULES))
+    lost = Verdict.of(tuple(f for f in seen.findings if f.rule in CROSS_RULES))
+    raw = check_raw(text, tools=tools, tool_choice=tool_choice, finish_reason=finish_reason, fmt=plan.fmt)
     if plan.mode == "raw":
-        return Judgement(raw.label, parsed, raw)
-    return Judgement(max(parsed.label, raw.label, key=_RANK.__getitem__), parsed, raw)
+        return Judgement(raw.label, parsed, raw, lost)
+    return Judgement(max(parsed.label, raw.label, lost.label, key=_RANK.__getitem__), parsed, raw, lost)
 
 
 def finding_records(verdict: Verdict) -> list[FindingRecord]:

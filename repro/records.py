@@ -154,14 +154,25 @@ class TurnRecord(_Record):
     raw_gap: str | None = None
     raw_text_path: str | None = None
     """Path of the rebuilt raw text (UTF-8), relative to the run directory; set for every non-clean turn."""
+    lost_findings: list[FindingRecord] = Field(default_factory=list)
+    """What the server's parse lost of the raw text (`call-lost`, `param-lost`): parser damage that an agent
+    cannot see in the message, so `parsed_verdict` leaves it out; it makes the turn corrupt all the same."""
+
+    @property
+    def parse_corrupt(self) -> bool:
+        """The parser's side is corrupt: the parsed message, or what the parse lost of the raw text."""
+        return self.parsed_verdict == "corrupt" or any(f.severity == "hard" for f in self.lost_findings)
 
     @property
     def parser_effect(self) -> Literal["hidden", "made"] | None:
-        """`hidden`: the raw text is corrupt and the parsed message is not; `made`: the other way round (a parser bug)."""
+        """`hidden`: the raw text is corrupt and the parsed message looks clean (an agent saw nothing wrong);
+        `made`: the raw text is clean and the parser's side is corrupt (a parser bug)."""
         if self.raw_verdict is None or self.parsed_verdict is None:
             return None
-        raw, parsed = self.raw_verdict == "corrupt", self.parsed_verdict == "corrupt"
-        return "hidden" if raw and not parsed else "made" if parsed and not raw else None
+        raw = self.raw_verdict == "corrupt"
+        if raw and self.parsed_verdict != "corrupt":
+            return "hidden"
+        return "made" if not raw and self.parse_corrupt else None
 
 
 class SessionRecord(_Record):
@@ -184,23 +195,23 @@ class SessionRecord(_Record):
     """Distinct hard rule ids seen in the session, in order of first appearance."""
     error: str | None = None
     corrupt_seen: CorruptSeen | None = None
-    """Which verdicts found corrupt turns (raw and parsed modes alike); None when none did or before raw mode."""
+    """Which side found corrupt turns: the raw text, the parser's (the parsed message or what its parse lost),
+    or both; None when neither did, or before raw mode."""
 
     @property
     def parser_effect(self) -> Literal["hidden", "made"] | None:
-        """`hidden`: only the raw text showed the session's corruption; `made`: only the parsed messages did,
-        on turns whose raw text was judged clean."""
-        if self.corrupt_seen == "raw":
+        """`hidden`: the raw text was corrupt and no parsed message of the session looked it (an agent saw
+        nothing wrong); `made`: the parser's side was corrupt and no raw text was."""
+        raw = any(turn.raw_verdict == "corrupt" for turn in self.turns)
+        if raw and not any(turn.parsed_verdict == "corrupt" for turn in self.turns):
             return "hidden"
-        if self.corrupt_seen == "parsed" and any(turn.parser_effect == "made" for turn in self.turns):
-            return "made"
-        return None
+        return "made" if not raw and any(turn.parser_effect == "made" for turn in self.turns) else None
 
 
 def corrupt_seen(turns: Sequence[TurnRecord]) -> CorruptSeen | None:
     """Where a session's turns showed corruption: raw, parsed or both (see SessionRecord.corrupt_seen)."""
     raw = any(turn.raw_verdict == "corrupt" for turn in turns)
-    parsed = any(turn.parsed_verdict == "corrupt" for turn in turns)
+    parsed = any(turn.parse_corrupt for turn in turns)
     return "both" if raw and parsed else "raw" if raw else "parsed" if parsed else None
 
 
@@ -277,7 +288,7 @@ class ParserEffect(_Record):
             judged_turns=len(judged),
             raw_incomplete_turns=sum(turn.raw_complete is False for turn in turns),
             raw_corrupt_turns=sum(turn.raw_verdict == "corrupt" for turn in judged),
-            parsed_corrupt_turns=sum(turn.parsed_verdict == "corrupt" for turn in judged),
+            parsed_corrupt_turns=sum(turn.parse_corrupt for turn in judged),
             hidden_turns=sum(turn.parser_effect == "hidden" for turn in judged),
             made_turns=sum(turn.parser_effect == "made" for turn in judged),
             raw_corrupt_sessions=sum(session.corrupt_seen in ("raw", "both") for session in sessions),

@@ -203,8 +203,10 @@ class Session:
         if judgement.raw is not None:
             record.raw_verdict = judgement.raw.label
             record.raw_findings = finding_records(judgement.raw)
+        if judgement.lost is not None:
+            record.lost_findings = finding_records(judgement.lost)
         if judgement.verdict == "corrupt":
-            for verdict in (judgement.parsed, judgement.raw):
+            for verdict in (judgement.parsed, judgement.raw, judgement.lost):
                 for finding in verdict.findings if verdict is not None and verdict.label == "corrupt" else ():
                     if finding.severity == "hard" and finding.rule not in self.rules:
                         self.rules.append(finding.rule)
@@ -245,7 +247,8 @@ class Session:
 
     def _add(self, record: TurnRecord, result: TurnResult, rawtext: RawText | None = None) -> None:
         # A turn is kept when either verdict is not clean, so a parser's hidden damage has its evidence.
-        if record.verdict != "clean" or record.raw_verdict not in (None, "clean") or record.parsed_verdict not in (None, "clean"):
+        verdicts = (record.verdict, record.raw_verdict or "clean", record.parsed_verdict or "clean")
+        if any(verdict != "clean" for verdict in verdicts) or record.lost_findings:
             record.raw_path = self.keep_raw(self.session_id, record.index, result.raw)
             if rawtext is not None:
                 record.raw_text_path = self.keep_raw(

@@ -16,7 +16,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from faulty_servers import ORPHAN_CLOSER, start_faulty_server
-from repro.rawtext import CompletionText, GenerateText, LogprobText
+from dsml_checker import ToolCall, render_completion
+from repro.observe import ObservePlan, judge
+from repro.rawtext import CompletionText, GenerateText, LogprobText, RawText
 from repro.records import FindingRecord, Manifest, ParserEffect, SessionRecord, TurnRecord, corrupt_seen
 from repro.store import RunWriter, load_run
 from run_builders import make_run, run_main
@@ -332,3 +334,33 @@ def test_run_directories_from_before_raw_mode_still_load(tmp_path: Path) -> None
     assert run.manifest.observe is None
     effect = ParserEffect.of(run.sessions)
     assert (effect.judged_turns, effect.hidden_sessions, effect.hidden_share) == (0, 0, None)
+
+
+def test_what_the_parse_lost_is_the_parsers_damage_not_what_the_agent_saw() -> None:
+    tools = [{"type": "function", "function": {"name": "read_file", "parameters": {
+        "type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}]
+    text = render_completion(reasoning="Read it.", content="Looking.", calls=[ToolCall("read_file", {"path": "a.py"})])
+    dropped = {"role": "assistant", "content": "Looking.", "reasoning_content": "Read it."}  # the parser lost the call
+    for mode in ("both", "raw"):
+        verdicts = judge(ObservePlan(mode, "logprobs"), dropped, finish_reason="stop", tools=tools, tool_choice="auto",
+                         rawtext=RawText("logprobs", text, True))
+        assert verdicts.parsed.label == "clean" and "call-lost" not in verdicts.parsed.rules
+        assert verdicts.raw is not None and verdicts.raw.label == "clean"
+        assert verdicts.lost is not None and verdicts.lost.rules == ("call-lost",)
+        # A clean raw text the parser lost a call of: corrupt in both mode (a parser bug), clean in raw mode.
+        assert verdicts.verdict == ("corrupt" if mode == "both" else "clean")
+    unjudged = judge(ObservePlan("both", "logprobs"), dropped, finish_reason="stop", tools=tools, tool_choice="auto",
+                     rawtext=RawText("logprobs", text, False, "no logprobs in the response"))
+    assert (unjudged.verdict, unjudged.raw, unjudged.lost) == ("clean", None, None)
+
+
+def test_a_lost_call_is_hidden_when_the_model_broke_it_and_made_when_the_parser_did() -> None:
+    lost = [FindingRecord(rule="call-lost", field="tool_calls", start=0, end=4, excerpt="grep", severity="hard")]
+    broken = TurnRecord(index=0, status="ok", verdict="corrupt", parsed_verdict="clean", raw_verdict="corrupt",
+                        lost_findings=lost, start_s=0.0)  # typographic quotes: the model's damage, dropped
+    dropped = TurnRecord(index=0, status="ok", verdict="corrupt", parsed_verdict="clean", raw_verdict="clean",
+                         lost_findings=lost, start_s=0.0)  # a clean invoke the parser lost
+    for turn, effect, seen in ((broken, "hidden", "both"), (dropped, "made", "parsed")):
+        session = SessionRecord(session_id=0, task="t", outcome="corrupt", start_s=0.0, end_s=1.0, turns=[turn],
+                                corrupt_seen=corrupt_seen([turn]))
+        assert (turn.parser_effect, session.parser_effect, session.corrupt_seen) == (effect, effect, seen)

@@ -126,6 +126,8 @@ class TurnView:
     raw_findings: list[FindingView] = field(default_factory=list)
     """Findings on the text the model generated, cut out of the rebuilt raw text."""
     raw_text: RawExcerpt | None = None
+    lost_findings: list[FindingView] = field(default_factory=list)
+    """What the server's parse lost of the raw text (`call-lost`, `param-lost`)."""
 
 
 @dataclass(frozen=True)
@@ -289,7 +291,7 @@ def read_metrics(run_dir: Path) -> tuple[pd.DataFrame | None, str | None]:
 def _all_clean(turn: TurnRecord) -> bool:
     """An answered turn that every verdict it carries calls clean."""
     verdicts = (turn.verdict, turn.parsed_verdict or "clean", turn.raw_verdict or "clean")
-    return turn.status == "ok" and all(v == "clean" for v in verdicts)
+    return turn.status == "ok" and all(v == "clean" for v in verdicts) and not turn.lost_findings
 
 
 def _finding_views(found: list[FindingRecord], texts: dict[str, str]) -> list[FindingView]:
@@ -342,6 +344,7 @@ def _turn_view(run: Run, turn: TurnRecord) -> TurnView:
         raw_gap=turn.raw_gap,
         raw_findings=_finding_views(turn.raw_findings, generated),
         raw_text=raw_text.excerpt if raw_text is not None else None,
+        lost_findings=_finding_views(turn.lost_findings, texts),
     )
 
 
