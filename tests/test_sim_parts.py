@@ -11,11 +11,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dsml_checker import check
+from dsml_checker import check, check_raw
 from dsml_checker.formats import EOS, THINK_CLOSE, ToolCall, render_calls, render_completion
+from dsml_checker.server_parsers import PARSERS
 from repro.sim.config import SimConfig, parse_flags, server_info
 from repro.sim.corrupt import OPERATORS, damage
 from repro.sim.engine import Engine, EngineRequest, page_keys
+from repro.sim.faults import parser_effect
 from repro.sim.model import answer, object_for
 from repro.sim.parser import parse_output
 from repro.sim.protocol import Reply, StreamCursor
@@ -30,12 +32,10 @@ TOOLS = [
                                          "verbose": {"type": "boolean"}, "timeout": {"type": "number", "maximum": 60}},
         "required": ["targets", "verbose"]}}},
 ]
-NAMES = {"read_file", "run_tests"}
 
 
-def _message(raw: str, tools_enabled: bool = True) -> tuple[dict, str]:
-    output = parse_output(raw, tool_names=NAMES, tools_enabled=tools_enabled)
-    reason = "tool_calls" if output.calls else "stop"
+def _message(raw: str, tool_choice: str = "auto") -> tuple[dict, str]:
+    output, reason = parse_output(raw, tools=TOOLS, tool_choice=tool_choice)
     return Reply("r", "m", 0, output, reason, 0, 0, 0).message(), reason
 
 
@@ -82,69 +82,140 @@ def test_generated_arguments_satisfy_generated_schemas(schema: dict, seed: int) 
     jsonschema.validate(object_for(schema, random.Random(seed)), schema)
 
 
-# --- SGLang's parsing policy (dsml-format.md §4) ----------------------------------------------------
+# --- the server-side parser: the configured version's, emulated (tests/test_server_parsers.py checks them) ---
 
 CALL = ToolCall("read_file", {"path": "a.py", "start": 3})
 GOOD = render_completion(reasoning="think", content="Let me look.", calls=[CALL])
+VARIANTS = {
+    "well-formed": GOOD,
+    "misspelled": GOOD.replace("tool_calls>", "toolcalls>", 1),
+    "bare-invokes": GOOD.replace("<｜DSML｜tool_calls>\n", "").replace("\n</｜DSML｜tool_calls>", ""),
+    "unknown-tool": GOOD.replace('"read_file"', '"delete_all"'),
+    "before-think": "think\n\n" + render_calls([CALL]) + THINK_CLOSE + "done" + EOS,
+    "trailing-text": GOOD.replace(EOS, "\nDone." + EOS),
+}
 
 
 @pytest.mark.parametrize(
-    ("raw", "content", "calls", "reasoning_has_dsml"),
+    ("parser", "calls"),
     [
-        (GOOD, "Let me look.", 1, False),
-        (GOOD.replace("tool_calls>", "function_calls>"), None, 0, False),
-        (GOOD.replace("<｜DSML｜tool_calls>\n", "").replace("\n</｜DSML｜tool_calls>", ""), None, 0, False),
-        (GOOD.replace("tool_calls>", "toolcalls>", 1), None, 0, False),
-        (GOOD.split("</｜DSML｜invoke>")[0], "Let me look.", 0, False),
-        (GOOD.replace('"read_file"', '"delete_all"'), "Let me look.", 0, False),
-        ("think\n\n" + render_calls([CALL]) + THINK_CLOSE + "done" + EOS, "done", 0, True),
+        # well-formed, misspelled, bare-invokes, unknown-tool, before-think, trailing-text
+        ("sglang-0.5.23", [1, 1, 1, 1, 1, 1]),
+        ("sglang-0.5.20", [1, 0, 0, 0, 0, 1]),
+        ("vllm-0.33", [1, 1, 1, 1, 1, 1]),
     ],
-    ids=["well-formed", "v32-block", "bare-invokes", "misspelled", "truncated", "unknown-tool", "before-think"],
 )
-def test_parser_fallbacks_follow_sglang(raw: str, content: str | None, calls: int, reasoning_has_dsml: bool) -> None:
-    output = parse_output(raw, tool_names=NAMES, tools_enabled=True)
-    assert len(output.calls) == calls
-    body = raw.partition(THINK_CLOSE)[2].removesuffix(EOS)
-    assert output.content == (body if content is None else content)
-    assert ("｜DSML｜" in output.reasoning) == reasoning_has_dsml
+def test_the_configured_parser_decides_which_calls_survive(parser: str, calls: list[int]) -> None:
+    got = [len(parse_output(raw, tools=TOOLS, tool_choice="auto", parser=parser)[0].calls) for raw in VARIANTS.values()]
+    assert got == calls
+    output, reason = parse_output(VARIANTS["misspelled"], tools=TOOLS, tool_choice="auto", parser=parser)
+    assert reason == ("tool_calls" if output.calls else "stop")
+    if not output.calls:  # SGLang 0.5.20 needs the wrapper: the whole answer becomes content
+        assert output.content == VARIANTS["misspelled"].partition(THINK_CLOSE)[2].removesuffix(EOS)
 
 
-def test_tool_choice_none_leaves_the_markup_in_content() -> None:
-    output = parse_output(GOOD, tool_names=NAMES, tools_enabled=False)
-    assert not output.calls and "<｜DSML｜tool_calls>" in output.content
+def test_a_cut_answer_is_reported_as_length_whatever_the_parser_kept() -> None:
+    cut = GOOD.split("</｜DSML｜invoke>")[0]
+    for parser in PARSERS:
+        output, reason = parse_output(cut, tools=TOOLS, tool_choice="auto", parser=parser, truncated=True)
+        assert reason == "length"
+    assert not parse_output(cut, tools=TOOLS, tool_choice="auto", parser="sglang-0.5.20", truncated=True)[0].calls
 
 
-def test_invalid_json_under_string_false_stays_a_raw_string() -> None:
+@pytest.mark.parametrize(("parser", "markup_kept"), [("sglang-0.5.23", True), ("sglang-0.5.20", True), ("vllm-0.33", False)])
+def test_tool_choice_none_parses_no_call(parser: str, markup_kept: bool) -> None:
+    output, _ = parse_output(GOOD, tools=TOOLS, tool_choice="none", parser=parser)
+    assert not output.calls and ("<｜DSML｜tool_calls>" in output.content) == markup_kept
+
+
+def test_invalid_json_under_string_false_is_sent_as_the_parser_writes_it() -> None:
     raw = GOOD.replace('string="false">3<', 'string="false">3x<')
-    assert parse_output(raw, tool_names=NAMES, tools_enabled=True).calls[0].arguments["start"] == "3x"
+    recipe, _ = parse_output(raw, tools=TOOLS, tool_choice="auto", parser="sglang-0.5.23")
+    assert recipe.arguments_text(0) == '{"path": "a.py", "start": 3x}'  # pasted verbatim: invalid JSON on the wire
+    for parser in ("sglang-0.5.20", "vllm-0.33"):
+        assert parse_output(raw, tools=TOOLS, tool_choice="auto", parser=parser)[0].calls[0].arguments["start"] == "3x"
 
 
 # --- damage operators ----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", sorted(OPERATORS))
-def test_every_operator_is_visible_to_the_checker(name: str) -> None:
-    applied = 0
+def _damaged_answers(name: str) -> list[str]:
+    out = []
     for task in range(12):
         for final_after in (1, 9):
             history = [{"role": "user", "content": f"t{task}"}, {"role": "assistant", "content": "x"}]
             meant = answer(history, TOOLS, "auto", seed=task, final_after_turns=final_after)
             reasoning, _, body = meant.raw.partition(THINK_CLOSE)
             damaged = OPERATORS[name](reasoning, body.removesuffix(EOS), "read_file")
-            if damaged is None:
-                continue
-            applied += 1
-            message, reason = _message(damaged)
-            assert check(message, finish_reason=reason, tools=TOOLS, tool_choice="auto").label == "corrupt", damaged
-    assert applied
+            if damaged is not None:
+                out.append(damaged)
+    return out
 
 
-def test_damage_is_deterministic_and_respects_the_check() -> None:
+@pytest.mark.parametrize("name", sorted(OPERATORS))
+def test_every_operator_is_caught_in_the_raw_text(name: str) -> None:
+    damaged = _damaged_answers(name)
+    assert damaged
+    for raw in damaged:
+        assert check_raw(raw, tools=TOOLS, tool_choice="auto").label == "corrupt", raw
+
+
+def test_a_parser_can_hide_damage_from_the_parsed_verdict() -> None:
+    # The same damaged text: SGLang 0.5.20 leaves the misspelled block in content, the recipe repairs it.
+    raw = _damaged_answers("misspelled_opener")[0]
+    assert check(_message(raw)[0], finish_reason="tool_calls", tools=TOOLS).label == "clean"
+    stale, reason = parse_output(raw, tools=TOOLS, tool_choice="auto", parser="sglang-0.5.20")
+    message = Reply("r", "m", 0, stale, reason, 0, 0, 0).message()
+    assert check(message, finish_reason=reason, tools=TOOLS).label == "corrupt"
+
+
+@pytest.mark.parametrize(
+    ("parser", "operator", "effect"),
+    [
+        ("sglang-0.5.23", "orphan_closer", "absorbed"),
+        ("sglang-0.5.23", "typographic_quotes", "dropped-call"),
+        ("sglang-0.5.20", "think_leak", "absorbed"),
+        ("sglang-0.5.23", "closer_in_argument", "truncated"),
+        ("sglang-0.5.23", "block_in_reasoning", "altered"),
+        ("vllm-0.33", "ascii_bars", "visible"),
+    ],
+)
+def test_the_fault_log_says_what_the_parser_did(parser: str, operator: str, effect: str) -> None:
+    effects = set()
+    for task in range(12):
+        meant = answer([{"role": "user", "content": f"t{task}"}], TOOLS, "auto", seed=task, final_after_turns=5)
+        reasoning, _, body = meant.raw.partition(THINK_CLOSE)
+        damaged = OPERATORS[operator](reasoning, body.removesuffix(EOS), "read_file")
+        if damaged is None or "Let me" not in meant.raw:
+            continue
+        clean, _ = parse_output(meant.raw, tools=TOOLS, tool_choice="auto", parser=parser)
+        got, reason = parse_output(damaged, tools=TOOLS, tool_choice="auto", parser=parser)
+        visible = check(Reply("r", "m", 0, got, reason, 0, 0, 0).message(), finish_reason=reason, tools=TOOLS).label == "corrupt"
+        effects.add(parser_effect(clean, got, visible=visible))
+    assert effect in effects
+
+
+def test_more_calls_than_meant_is_a_duplication_unless_the_checker_sees_it() -> None:
+    meant, _ = parse_output(GOOD, tools=TOOLS, tool_choice="auto", parser="sglang-0.5.20")
+    doubled, _ = parse_output(GOOD.replace(EOS, "\n\n" + render_calls([CALL]) + EOS), tools=TOOLS, tool_choice="auto",
+                              parser="sglang-0.5.20")
+    assert len(doubled.calls) == 2
+    assert parser_effect(meant, doubled, visible=False) == "duplicated"
+    assert parser_effect(meant, doubled, visible=True) == "visible"
+    assert parser_effect(meant, meant, visible=False) == "absorbed"
+
+
+def test_damage_is_chosen_from_the_draw_alone() -> None:
     meant = answer([{"role": "user", "content": "t"}], TOOLS, "auto", seed=3, final_after_turns=5)
-    first = damage(meant.raw, random.Random(11), tool="read_file", is_corrupt=lambda raw: True)
-    assert first == damage(meant.raw, random.Random(11), tool="read_file", is_corrupt=lambda raw: True)
-    seen: list[str] = []
-    name, _ = damage(meant.raw, random.Random(11), tool="read_file", is_corrupt=lambda raw: seen.append(raw) or len(seen) == 3)
-    assert len(seen) == 3 and name in OPERATORS
+    first = damage(meant.raw, random.Random(11), tool="read_file")
+    assert first == damage(meant.raw, random.Random(11), tool="read_file")
+    final = answer([{"role": "user", "content": "t"}, {"role": "assistant", "content": "x"}], TOOLS, "auto",
+                   seed=3, final_after_turns=1)
+    for raw in (meant.raw, final.raw):
+        reasoning, _, body = raw.partition(THINK_CLOSE)
+        fitting = {n for n, op in OPERATORS.items() if op(reasoning, body.removesuffix(EOS), "read_file") is not None}
+        # Every operator that fits gets drawn, those every parser absorbs included: nothing filters them.
+        assert {damage(raw, random.Random(seed), tool="read_file")[0] for seed in range(300)} == fitting
+        assert len(fitting) >= 3
 
 
 # --- streaming layout ------------------------------------------------------------------------------------
@@ -153,7 +224,7 @@ def test_damage_is_deterministic_and_respects_the_check() -> None:
 @given(steps=st.lists(st.integers(1, 9), min_size=1, max_size=30))
 def test_stream_deltas_rebuild_the_reply_whatever_the_pace(steps: list[int]) -> None:
     meant = answer([{"role": "user", "content": "s"}], TOOLS, "auto", seed=5, final_after_turns=5)
-    reply = Reply("chatcmpl-x", "m", 0, parse_output(meant.raw, tool_names=NAMES, tools_enabled=True), "tool_calls", 1, 40, 0)
+    reply = Reply("chatcmpl-x", "m", 0, parse_output(meant.raw, tools=TOOLS, tool_choice="auto")[0], "tool_calls", 1, 40, 0)
     cursor = StreamCursor(reply)
     done, total, chunks = 0, 40, []
     for step in [*steps, total]:
@@ -239,3 +310,7 @@ def test_config_flags_and_server_info_names() -> None:
         parse_flags(["--max-running-requests", "0"])
     with pytest.raises(UsageError, match="unrecognized"):
         parse_flags(["--no-such-flag"])
+    assert server_info(config)["tool_parser"] == "sglang-0.5.23"
+    assert server_info(parse_flags(["--tool-parser", "vllm-0.33"]))["tool_parser"] == "vllm-0.33"
+    with pytest.raises(UsageError, match="tool_parser"):
+        parse_flags(["--tool-parser", "sglang-0.4"])

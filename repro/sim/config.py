@@ -27,6 +27,8 @@ class SimConfig(BaseModel):
     model_path: str = "deepseek-ai/DeepSeek-V4"
     served_model_name: str = "deepseek-ai/DeepSeek-V4"
     tool_call_parser: str = "deepseekv4"
+    tool_parser: Literal["sglang-0.5.23", "sglang-0.5.20", "vllm-0.33"] = "sglang-0.5.23"
+    """Whose DeepSeek-V4 parser the server emulates (dsml_checker.server_parsers.PARSERS)."""
     reasoning_parser: str = "deepseek-v4"
     kv_cache_dtype: str = "fp8_e4m3"
     page_size: int = Field(64, ge=1)
@@ -82,6 +84,7 @@ _FLAG_HELP: dict[str, str] = {
     "logprobs_coverage": "chat log-probabilities: full (as SGLang 0.5.23), no-tool-calls (withheld from the "
                          "tool-call block on), or none",
     "warmup": "seconds during which /health answers 503",
+    "tool_parser": "the server-side parser emulated: sglang-0.5.23 (deepseek-recipe), sglang-0.5.20 or vllm-0.33",
 }
 
 

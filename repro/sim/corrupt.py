@@ -1,9 +1,10 @@
 """Damage operators: what a stale index-K read does to a completion's raw text (dsml-format.md §5–6).
 
 Each operator rewrites the raw V4 text before the server-side parser sees it, so the damage surfaces as
-it would on a real server: a leak into content, DSML in reasoning, a fragment inside arguments. Which
-operator hits is chosen from the seed and the request; `damage` keeps the first one in that order whose
-result the given check calls corrupt, so every logged fault is visible.
+it would on a real server: a leak into content, DSML in reasoning, a fragment inside arguments, or
+nothing at all when the parser repairs or silently drops it. Which operator hits is chosen from the
+race alone (the seed and the request), never from what a checker would see: `damage` walks the
+operators from a random start (uniform) and takes the first that fits the text.
 """
 
 from __future__ import annotations
@@ -108,10 +109,11 @@ OPERATORS: dict[str, Operator] = {
 }
 
 
-def damage(raw: str, rng: random.Random, *, tool: str, is_corrupt: Callable[[str], bool]) -> tuple[str, str]:
+def damage(raw: str, rng: random.Random, *, tool: str) -> tuple[str, str]:
     """Damage `raw` with an operator picked by `rng`; returns (operator name, damaged raw text).
 
-    Operators are tried from a random starting point; the first whose result `is_corrupt` accepts wins.
+    Operators are tried from a uniformly drawn starting point; the first one that fits the text wins
+    (repeated_text fits every answer, so one always does).
     """
     reasoning, _, body = raw.partition(THINK_CLOSE)
     body = body.removesuffix(EOS)
@@ -119,7 +121,6 @@ def damage(raw: str, rng: random.Random, *, tool: str, is_corrupt: Callable[[str
     start = rng.randrange(len(names))
     for name in names[start:] + names[:start]:
         damaged = OPERATORS[name](reasoning, body, tool)
-        if damaged is not None and is_corrupt(damaged):
+        if damaged is not None:
             return name, damaged
-    # repeated_text applies to every answer and duplicates it: a check that misses it is the checker's bug.
-    return "repeated_text", repeated_text(reasoning, body, tool)
+    raise AssertionError("repeated_text fits every answer")

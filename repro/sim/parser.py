@@ -1,48 +1,39 @@
-"""SGLang's server-side parsing policy for DeepSeek-V4 output, on top of dsml_checker's tolerant parser.
+"""The simulator's server-side parsing: the configured framework version's DeepSeek-V4 parser.
 
-This module decides only what SGLang decides (dsml-format.md §4): which text becomes reasoning, which
-becomes content, which calls survive, and the fallbacks to content when the markup does not parse.
+Which text becomes reasoning, which becomes content, which calls survive, and the repairs and drops on
+the way are the real parser's, emulated by dsml_checker.server_parsers (checked against the real ones).
+That includes SGLang's serving policies: no tool parsing without tools or with tool_choice "none", and
+reasoning held until `</think>` in thinking mode.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any
 
-from dsml_checker.formats import EOS, THINK_CLOSE, DSMLParseError, ToolCall, block_opener, split_completion
+from dsml_checker.formats import ToolCall
+from dsml_checker.server_parsers import DEFAULT_PARSER, parse_as
 
 
 @dataclass(frozen=True)
 class ParsedOutput:
-    """What the server returns for one completion."""
+    """What the server returns for one completion; `arguments` holds each call's arguments as sent."""
 
     reasoning: str
     content: str
     calls: tuple[ToolCall, ...]
+    arguments: tuple[str, ...] = ()
+
+    def arguments_text(self, index: int) -> str:
+        """Call `index`'s arguments string on the wire (the parser's own, which may be invalid JSON)."""
+        if self.arguments:
+            return self.arguments[index]
+        return json.dumps(self.calls[index].arguments, ensure_ascii=False)
 
 
-def parse_output(raw: str, *, tool_names: set[str], tools_enabled: bool) -> ParsedOutput:
-    """Split raw V4 text the way SGLang's deepseek-v4 reasoning parser and deepseekv4 detector do."""
-    if THINK_CLOSE not in raw:
-        # In thinking mode the reasoning parser holds everything until `</think>`: DSML included.
-        return ParsedOutput(raw.removesuffix(EOS), "", ())
-    if not tools_enabled:
-        reasoning, _, body = raw.partition(THINK_CLOSE)
-        return ParsedOutput(reasoning, body.removesuffix(EOS), ())
-    try:
-        done = split_completion(raw, mode="tolerant", fmt="v4")
-    except DSMLParseError as err:
-        reasoning, _, body = raw.partition(THINK_CLOSE)
-        body = body.removesuffix(EOS)
-        if err.rule == "block-unterminated":
-            # SGLang waits for the closer that never comes and drops the block without a word.
-            return ParsedOutput(reasoning, body[: body.find(block_opener("v4"))].removesuffix("\n\n"), ())
-        return ParsedOutput(reasoning, body, ())
-    # An unknown tool's call is dropped silently, as SGLang's detector does.
-    calls = tuple(call for call in done.calls if call.name in tool_names)
-    return ParsedOutput(done.reasoning or "", done.content, calls)
-
-
-def tools_enabled(tools: Sequence[object], tool_choice: object) -> bool:
-    """SGLang runs its tool-call parser only when tools were sent and tool_choice is not "none"."""
-    return bool(tools) and tool_choice != "none"
+def parse_output(raw: str, *, tools: list[dict[str, Any]], tool_choice: Any, parser: str = DEFAULT_PARSER,
+                 truncated: bool = False) -> tuple[ParsedOutput, str]:
+    """(output, finish_reason) for raw V4 text, as the `parser` version's chat serving path returns them."""
+    done = parse_as(parser, raw, tools=tools, tool_choice=tool_choice, finish_reason="length" if truncated else "stop")
+    return ParsedOutput(done.reasoning or "", done.content, done.calls, done.arguments), done.finish_reason

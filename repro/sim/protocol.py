@@ -116,7 +116,7 @@ class Reply:
         return "call_" + hashlib.sha256(f"{self.request_id}/{index}".encode()).hexdigest()[:24]
 
     def arguments(self, index: int) -> str:
-        return json.dumps(self.output.calls[index].arguments, ensure_ascii=False)
+        return self.output.arguments_text(index)
 
     def usage(self) -> dict[str, Any]:
         return {

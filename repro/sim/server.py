@@ -20,14 +20,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from dsml_checker import check
+from dsml_checker import check, check_raw
 from repro.sim.config import SimConfig, server_info
 from repro.sim.corrupt import damage
 from repro.sim.engine import CHARS_PER_TOKEN, Engine, EngineRequest, Race, context_length, count_tokens, page_keys
-from repro.sim.faults import FaultLog, FaultRecord, WedgeRecord
+from repro.sim.faults import FaultLog, FaultRecord, WedgeRecord, parser_effect
 from repro.sim.metrics import SimMetrics
 from repro.sim.model import answer, assistant_turns, conversation_key, rng_for
-from repro.sim.parser import ParsedOutput, parse_output, tools_enabled
+from repro.sim.parser import ParsedOutput, parse_output
 from repro.sim.pd import Wedge
 from repro.sim.prompt_decode import PromptDecodeError, decode_prompt
 from repro.sim.protocol import ChatRequest, ChatStream, Reply, error_body, now_s, render_prompt
@@ -96,12 +96,12 @@ class Simulator:
         self.ready_at = float("inf")
 
     def finish(self, raw: str, request: ChatRequest) -> tuple[ParsedOutput, str, int]:
-        """Apply the token limit, then SGLang's parsing: (output, finish_reason, completion tokens)."""
+        """Apply the token limit, then the configured parser: (output, finish_reason, completion tokens)."""
         text = cut_to_limit(raw, request.token_limit)
         truncated, raw = text != raw, text
-        output = parse_output(raw, tool_names={t.function.name for t in request.tools},
-                              tools_enabled=tools_enabled(request.tools, request.choice_value()))
-        reason = "length" if truncated else "tool_calls" if output.calls else "stop"
+        output, reason = parse_output(raw, tools=[t.model_dump(exclude_none=True) for t in request.tools],
+                                      tool_choice=request.choice_value(), parser=self.config.tool_parser,
+                                      truncated=truncated)
         return output, reason, count_tokens(raw)
 
     def generate(self, request: ChatRequest, request_id: str, prompt: str) -> tuple[EngineRequest, asyncio.Future[Reply]]:
@@ -149,16 +149,19 @@ class Simulator:
         conversation, turn = conversation_key(messages), assistant_turns(messages)
         tool = request.tools[0].function.name if request.tools else "search"
         tool_fields = request.model_dump(include={"tools", "tool_choice"})
-
-        def visible(candidate: str) -> bool:
-            output, reason, _ = self.finish(candidate, request)
-            return self.is_corrupt(output, reason, tool_fields)
-
-        operator, damaged = damage(raw, rng_for(seed, conversation, turn, "damage"), tool=tool, is_corrupt=visible)
+        operator, damaged = damage(raw, rng_for(seed, conversation, turn, "damage"), tool=tool)
+        meant, _, _ = self.finish(raw, request)
+        got, reason, _ = self.finish(damaged, request)
+        visible = self.is_corrupt(got, reason, tool_fields)
+        raw_verdict = check_raw(cut_to_limit(damaged, request.token_limit), tools=tool_fields.get("tools"),
+                                tool_choice=tool_fields.get("tool_choice"), finish_reason=reason)
         self.faults.add(FaultRecord(
             request_id=request_id, conversation=conversation, turn=turn, operator=operator, layer=race.layer,
             read_time_s=round(race.read_time_s, 6), copy_done_s=round(race.copy_done_s, 6),
             load_back_tokens=race.load_back_tokens, link_share=race.link_share, index_k_dtype=self.config.index_k_dtype,
+            tool_parser=self.config.tool_parser, raw_verdict=raw_verdict.label,
+            raw_rules=sorted({f.rule for f in raw_verdict.findings}), parsed_verdict="corrupt" if visible else "clean",
+            parser_effect=parser_effect(meant, got, visible=visible),
         ))
         return damaged
 

@@ -1,0 +1,167 @@
+"""What each server parser hides: recall of the parsed and the raw verdicts over simulated faults.
+
+Run: `python benchmarks/parser_recall.py [--per-operator N] [--seed S] [--out docs/parser-recall.md]`.
+
+For each parser version the simulator emulates (dsml_checker.server_parsers.PARSERS) and each damage
+operator of repro.sim.corrupt, N faults (default 150, seeded) are made from the simulator's own answers
+to the agentic-coding workload (turns 0-6 of a session, the seventh a final answer, as the simulator's
+default `--final-after-turns 6` plays them). Each fault is judged three ways:
+- parsed: `dsml_checker.check` on the message the server's parser makes of the damaged text (what a
+  client sees, and what `repro run --observe parsed` judges);
+- parsed+raw: the same with `check(raw=)`, whose cross rules compare the parsed calls with the invokes
+  the raw text shows (`call-lost`, `param-lost`);
+- raw: `dsml_checker.check_raw` on the damaged text itself.
+"hidden" is raw corrupt and parsed not; "made" is raw clean and parsed corrupt (a parser bug). The
+parser's effect (repro.sim.faults.parser_effect) is tallied too. The weighted total weighs each operator
+by how often the simulator injects it: its share of `repro.sim.corrupt.damage` over the same answers.
+The clean row runs the undamaged answers through both verdicts: every non-zero figure there is a false
+positive.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import random
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from dsml_checker import check, check_raw
+from dsml_checker.formats import EOS, THINK_CLOSE
+from dsml_checker.server_parsers import PARSERS
+from repro.sim.corrupt import OPERATORS, damage
+from repro.sim.faults import PARSER_EFFECTS, parser_effect
+from repro.sim.model import answer
+from repro.sim.parser import parse_output
+from repro.sim.protocol import Reply
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKLOAD = ROOT / "experiments" / "agentic_coding.yaml"
+SESSION_TURNS = 7
+
+
+def _answers(tools: list[dict[str, Any]], seed: int) -> Any:
+    """The simulator's answers, session after session, turn by turn: an endless stream of raw texts."""
+    session = 0
+    while True:
+        history: list[dict[str, Any]] = [{"role": "user", "content": f"REPRO-{seed}-{session:04d} ticket"}]
+        for _ in range(SESSION_TURNS):
+            yield answer(history, tools, "auto", seed=seed, final_after_turns=SESSION_TURNS - 1).raw
+            history += [{"role": "assistant", "content": "…"}, {"role": "tool", "content": "result"}]
+        session += 1
+
+
+def _verdicts(raw: str, meant: str, parser: str, tools: list[dict[str, Any]]) -> tuple[bool, bool, bool, str]:
+    """(parsed, parsed+raw, raw corrupt, parser effect) for one damaged text and its undamaged original."""
+    clean, _ = parse_output(meant, tools=tools, tool_choice="auto", parser=parser)
+    got, reason = parse_output(raw, tools=tools, tool_choice="auto", parser=parser)
+    message = Reply("r", "m", 0, got, reason, 0, 0, 0).message()
+    parsed = check(message, finish_reason=reason, tools=tools, tool_choice="auto").label == "corrupt"
+    crossed = check(message, finish_reason=reason, tools=tools, tool_choice="auto", raw=raw).label == "corrupt"
+    in_raw = check_raw(raw, tools=tools, tool_choice="auto", finish_reason=reason).label == "corrupt"
+    return parsed, crossed, in_raw, parser_effect(clean, got, visible=parsed)
+
+
+def _damaged(op: str, tools: list[dict[str, Any]], count: int, seed: int) -> list[tuple[str, str]]:
+    """`count` (damaged, original) pairs made by operator `op`, from the answers it fits."""
+    tool = tools[0]["function"]["name"]
+    out = []
+    for raw in _answers(tools, seed):
+        reasoning, _, body = raw.partition(THINK_CLOSE)
+        damaged = OPERATORS[op](reasoning, body.removesuffix(EOS), tool)
+        if damaged is not None:
+            out.append((damaged, raw))
+            if len(out) == count:
+                return out
+    raise AssertionError("unreachable: the answers never end")
+
+
+def injection_weights(tools: list[dict[str, Any]], draws: int, seed: int) -> dict[str, float]:
+    """Each operator's share of the simulator's injections (`damage` over its own answers)."""
+    tool = tools[0]["function"]["name"]
+    rng = random.Random(seed)
+    counts: collections.Counter[str] = collections.Counter()
+    for raw, _ in zip(_answers(tools, seed + 1), range(draws)):
+        counts[damage(raw, rng, tool=tool)[0]] += 1
+    return {op: counts[op] / draws for op in OPERATORS}
+
+
+_SHARES = ("parsed", "crossed", "raw", "hidden", "made")
+
+
+def _pct(part: float, whole: float) -> str:
+    return f"{100 * part / whole:.0f}%" if whole else "–"
+
+
+def measure(parser: str, tools: list[dict[str, Any]], per_op: int, seed: int,
+            weights: dict[str, float]) -> tuple[list[str], dict[str, float]]:
+    """The Markdown table of one parser, and its weighted shares (parsed, raw, hidden, made)."""
+    header = ["operator", "weight", "n", "parsed catches", "parsed+raw catches", "raw catches", "hidden", "made",
+              *(e for e in PARSER_EFFECTS if e != "visible")]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    total = collections.Counter[str]()
+    for op in OPERATORS:
+        tally: collections.Counter[str] = collections.Counter()
+        pairs = _damaged(op, tools, per_op, seed)
+        for damaged, meant in pairs:
+            parsed, crossed, in_raw, effect = _verdicts(damaged, meant, parser, tools)
+            tally.update({"parsed": parsed, "crossed": crossed, "raw": in_raw, "hidden": in_raw and not parsed,
+                          "made": parsed and not in_raw, effect: 1})
+        n = len(pairs)
+        for key in _SHARES:
+            total[key] += weights[op] * tally[key] / n
+        cells = [op, f"{100 * weights[op]:.1f}%", str(n), *(_pct(tally[k], n) for k in _SHARES),
+                 *(_pct(tally[e], n) for e in PARSER_EFFECTS if e != "visible")]
+        lines.append("| " + " | ".join(cells) + " |")
+    clean = collections.Counter[str]()
+    originals = [meant for _, meant in _damaged("repeated_text", tools, per_op, seed)]
+    for meant in originals:
+        parsed, crossed, in_raw, _ = _verdicts(meant, meant, parser, tools)
+        clean.update({"parsed": parsed, "crossed": crossed, "raw": in_raw})
+    n = len(originals)
+    lines.append(f"| none (clean answers) | – | {n} | " + " | ".join(_pct(clean[k], n) for k in ("parsed", "crossed", "raw"))
+                 + " | – | – |" + " – |" * (len(PARSER_EFFECTS) - 1))
+    lines.append("| **weighted total** | 100% | – | " + " | ".join(f"**{100 * total[k]:.1f}%**" for k in _SHARES)
+                 + " |" * len(PARSER_EFFECTS))
+    return lines, dict(total)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--per-operator", type=int, default=150, help="faults per operator (default 150)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--draws", type=int, default=4000, help="damage() draws for the injection weights")
+    parser.add_argument("--out", type=Path, help="also write the Markdown to this file")
+    args = parser.parse_args(argv)
+    tools = yaml.safe_load(WORKLOAD.read_text(encoding="utf-8"))["tools"]
+    weights = injection_weights(tools, args.draws, args.seed)
+    command = "python benchmarks/parser_recall.py" + "".join(
+        f" {flag} {value}" for flag, value, default in (("--per-operator", args.per_operator, 150),
+                                                         ("--seed", args.seed, 0), ("--draws", args.draws, 4000))
+        if value != default)
+    doc = ["# Parser recall: what each server parser hides from the parsed verdict", "",
+           f"Generated by `{command} --out docs/parser-recall.md`; do not edit by hand.", "",
+           *__doc__.split("\n\n", 1)[1].strip().splitlines(), "",
+           "Columns: *parsed catches* / *parsed+raw catches* / *raw catches* are the shares of faults each verdict calls corrupt; "
+           "*hidden* = raw corrupt, parsed not; *made* = raw clean, parsed corrupt; the last five columns say "
+           "what the parser did with the faults the parsed verdict missed (absorbed: output identical to the "
+           "undamaged answer's; dropped-call / duplicated: fewer / more calls; truncated: the same calls with "
+           "other arguments; altered: the same calls, other reasoning or content).", ""]
+    summary = ["| parser | parsed catches | parsed+raw catches | raw catches | hidden | made |", "|---|---|---|---|---|---|"]
+    for name in PARSERS:
+        lines, total = measure(name, tools, args.per_operator, args.seed, weights)
+        doc += [f"## {name}", "", *lines, ""]
+        summary.append(f"| {name} | " + " | ".join(f"{100 * total[k]:.1f}%" for k in _SHARES) + " |")
+    doc += ["## Weighted totals", "", *summary, ""]
+    text = "\n".join(doc)
+    sys.stdout.write(text)
+    if args.out is not None:
+        args.out.write_text(text, encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
