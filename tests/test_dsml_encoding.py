@@ -1,6 +1,7 @@
 """The conversation encoder against DeepSeek's reference encoders: byte-identical prompts on every vector.
 
-The vectors in tests/fixtures/encoders/ were written by the reference encoders vLLM ships
+The vectors in tests/fixtures/encoders/ were written by the reference encoders vLLM ships, and by
+SGLang 0.5.23's DeepSeek-V4 chat renderer (deepseek-recipe) for harness-shaped conversations
 (tests/fixtures/encoders/regenerate.py); each holds the messages, the request tools, the options and
 the reference's prompt, or the fact that the reference refused the input.
 """
@@ -43,6 +44,19 @@ def test_every_reference_vector_is_reproduced_byte_for_byte(fmt: str) -> None:
         if _encode(vector) != vector["prompt"]:
             mismatches.append(index)
     assert mismatches == []
+
+
+def test_sglang_renders_harness_conversations_as_the_reference_does_but_for_empty_invokes() -> None:
+    # The prompts SGLang 0.5.23 builds for DeepSeek-V4 chat (deepseek-recipe 0.2.0) at its default effort:
+    # the one difference is a zero-argument call in the history, where the reference leaves an empty line.
+    vectors = _vectors("sglang-recipe-v4")
+    assert len(vectors) >= 100
+    identical = 0
+    for vector in vectors:
+        ours = _encode(vector)
+        identical += ours == vector["prompt"]
+        assert ours.replace('">\n\n</｜DSML｜invoke>', '">\n</｜DSML｜invoke>') == vector["prompt"]
+    assert 0 < identical < len(vectors)
 
 
 @pytest.mark.parametrize("fmt", ENCODER_FORMATS)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 from typing import Any, Iterator
 
 import httpx
@@ -20,7 +21,7 @@ from dsml_checker.encoding import encode_messages
 from dsml_checker.formats import EOS, THINK_CLOSE
 from repro.sandbox import execute
 from repro.sim.launch import SimHandle, start_sim
-from repro.sim.model import answer
+from repro.sim.model import answer, assistant_turns, conversation_key
 from repro.sim.parser import ParsedOutput
 from repro.sim.prompt_decode import decode_prompt
 from repro.sim.protocol import Reply, StreamCursor
@@ -175,6 +176,20 @@ def test_decoding_an_encoded_prompt_gives_the_conversation_back(case: tuple[list
     assert decoded.thinking == thinking
     assert decoded.tools == tools
     assert decoded.messages == _expected(messages, tools, thinking)
+
+
+def test_the_simulator_reads_the_prompts_sglang_itself_renders() -> None:
+    # SGLang 0.5.23's DeepSeek-V4 prompts (deepseek-recipe, tests/fixtures/encoders/): what the scripted model
+    # keys its answer on comes back: the task, the number of assistant turns, the tools.
+    path = Path(__file__).parent / "fixtures" / "encoders" / "sglang-recipe-v4.jsonl"
+    for line in path.read_text(encoding="utf-8").splitlines():
+        vector = json.loads(line)
+        decoded = decode_prompt(vector["prompt"])
+        messages = vector["messages"]
+        assert conversation_key(decoded.messages) == conversation_key(messages)
+        assert assistant_turns(decoded.messages) == assistant_turns(messages)
+        assert decoded.tools == (vector["tools"] or [])
+        assert decoded.thinking == vector["options"]["thinking"]
 
 
 # ---------------------------------------------------------------------------------------------- chat log-probabilities

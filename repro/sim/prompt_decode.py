@@ -74,8 +74,12 @@ def _assistant(text: str, thinking: bool) -> dict[str, Any]:
             raise PromptDecodeError("an assistant turn in thinking mode has no </think>")
     try:
         done = split_completion(text, mode="strict", fmt="v4")
-    except DSMLParseError as err:
-        raise PromptDecodeError(f"an assistant turn's tool calls do not parse: {err}") from None
+    except DSMLParseError:
+        # Renderers other than the reference (SGLang's deepseek-recipe) write zero-argument calls more tightly.
+        try:
+            done = split_completion(text, mode="tolerant", fmt="v4")
+        except DSMLParseError as err:
+            raise PromptDecodeError(f"an assistant turn's tool calls do not parse: {err}") from None
     message: dict[str, Any] = {"role": "assistant", "content": done.content}
     if reasoning is not None:
         message["reasoning_content"] = reasoning
