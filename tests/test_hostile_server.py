@@ -162,3 +162,28 @@ def test_a_huge_finding_keeps_every_report_small(tmp_path: Path) -> None:
     # 2,000 times the loop, three findings over it, six texts of its length: the reports barely grow.
     for small, large in zip(sizes[1_000], sizes[2_000_000]):
         assert large < small + 60_000, (small, large)
+
+
+def test_deep_nesting_in_a_stream_is_an_error_and_the_report_shows_it_escaped(faulty: str, tmp_path: Path) -> None:
+    result, _ = run(tmp_path / "run", base_url=f"{faulty}/deep/v1", sessions=2)
+    sessions = load_run(result.path).sessions
+    assert [s.outcome for s in sessions] == ["error", "error"] and result.summary.sessions == 2
+    assert all(str(s.error).startswith("malformed stream: event is not JSON (JSON nested deeper") for s in sessions)
+    report = (result.path / "report.html").read_text(encoding="utf-8")
+    assert "[[[[" in report and "JSON nested deeper" in report
+
+
+def test_a_report_reads_a_deeply_nested_raw_file_and_shows_it_escaped(tmp_path: Path) -> None:
+    run_dir = _run_with_a_finding(tmp_path / "run", 100)
+    deep = b"data: " + b"[" * 50_000 + b"]" * 50_000 + b"\n\n"
+    # A corrupt session's later turn that failed on a deep event: the drill-down reads its raw bytes.
+    sessions = load_run(run_dir).sessions
+    corrupt = sessions[0]
+    corrupt.turns.append(TurnRecord(index=1, status="error", start_s=0.5, error="malformed stream",
+                                    raw_path="raw/s0000-t01.sse"))
+    (run_dir / "raw" / "s0000-t01.sse").write_bytes(deep + sse("<b>&amp;</b>", pieces=1))
+    (run_dir / "sessions.jsonl").write_text(
+        "".join(s.model_dump_json() + "\n" for s in [corrupt, *sessions[1:]]), encoding="utf-8")
+    render_report([run_dir], tmp_path / "report.html")
+    html = (tmp_path / "report.html").read_text(encoding="utf-8")
+    assert "data: [[[[" in html and "&lt;b&gt;&amp;amp;&lt;/b&gt;" in html
