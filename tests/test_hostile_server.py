@@ -41,7 +41,7 @@ def run(out: Path, **options: Any) -> tuple[RunResult, str]:
 
 def repro_cli(*args: str | bytes, timeout: float = 120) -> subprocess.CompletedProcess[bytes]:
     return subprocess.run(
-        [sys.executable, "-c", "from repro.cli import main; main()", *args], capture_output=True, timeout=timeout
+        [sys.executable, "-c", "from repro.cli import main; main()", *args], capture_output=True, timeout=timeout, check=False
     )
 
 
