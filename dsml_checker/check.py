@@ -55,7 +55,7 @@ def _parse_object(args: str) -> dict[str, Any] | None:
     try:
         # An empty string is how several servers send a zero-argument call.
         parsed = json.loads(args) if args.strip() else {}
-    except ValueError:
+    except (ValueError, RecursionError):  # a runaway `[[[[…` is not an object either
         return None
     return parsed if isinstance(parsed, dict) else None
 

@@ -430,6 +430,9 @@ class RawFaults:
                 {"object": "list", "data": [{"id": MODEL, "object": "model"}]}).encode()
             writer.write(_json_response(listing))
             return True
+        if not (method == "POST" and path.endswith("/chat/completions")):
+            writer.write(_json_response(b'{"detail": "Not Found"}', "404 Not Found"))
+            return True
         if mode == "chaos":
             task = next((str(m.get("content")) for m in body.get("messages", []) if m.get("role") == "user"), "")
             ticket = _TICKET.search(task)
