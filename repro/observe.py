@@ -24,6 +24,7 @@ from dsml_checker import Verdict, check, check_raw, encode_messages
 from dsml_checker.server_parsers import DEFAULT_PARSER, parse_as
 from repro.rawtext import RawCollector, RawSource, RawText, collector
 from repro.records import FindingRecord, TurnVerdict
+from repro.untrusted import parse_json
 
 ObserveMode = Literal["raw", "parsed", "both"]
 OBSERVE_MODES: tuple[ObserveMode, ...] = get_args(ObserveMode)
@@ -95,15 +96,41 @@ def thinking_of(extra_body: dict[str, Any]) -> bool:
     return True
 
 
+class RenderError(ValueError):
+    """The conversation cannot be rendered as a prompt: a damaged tool call in its history, say."""
+
+
+def _check_renderable(messages: list[dict[str, Any]]) -> None:
+    """The encoder writes each past call's arguments as parameters: they must be a JSON object."""
+    for message in messages:
+        for call in message.get("tool_calls") or []:
+            function = call.get("function") or {}
+            arguments = function.get("arguments")
+            try:
+                value = parse_json(arguments) if isinstance(arguments, str) else arguments
+            except ValueError:
+                value = None
+            if not isinstance(value, dict):
+                raise RenderError(
+                    f"cannot render the conversation for the raw-text endpoint: the arguments of an earlier "
+                    f"{str(function.get('name'))[:80]!r} call are not a JSON object"
+                )
+
+
 def text_request(source: RawSource, payload: dict[str, Any], *, fmt: str, thinking: bool) -> dict[str, Any]:
     """A chat payload as a raw-text request: the conversation rendered to a prompt, the same sampling.
 
     The prompt has no BOS: both servers tokenize a text prompt with the tokenizer's special tokens and
     would add it twice. Special tokens are kept in the output, so the end of sentence can be judged.
+    RenderError when the history cannot be rendered (a server's chat endpoint would refuse it too).
     """
-    prompt = encode_messages(
-        payload["messages"], tools=payload.get("tools"), fmt=fmt, thinking=thinking, add_default_bos_token=False
-    )
+    _check_renderable(payload["messages"])
+    try:
+        prompt = encode_messages(
+            payload["messages"], tools=payload.get("tools"), fmt=fmt, thinking=thinking, add_default_bos_token=False
+        )
+    except ValueError as err:
+        raise RenderError(f"cannot render the conversation for the raw-text endpoint: {err}") from None
     sampling = {"max_tokens": payload.get("max_tokens"), "temperature": payload.get("temperature")}
     if source == "generate":
         params = {"max_new_tokens": sampling["max_tokens"], "temperature": sampling["temperature"]}

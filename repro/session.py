@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 from repro import sandbox
 from repro.client import MAX_TURN_BYTES, TurnResult, send_turn
-from repro.observe import ObservePlan, finding_records, judge, parse_text, turn_request
+from repro.observe import ObservePlan, RenderError, finding_records, judge, parse_text, turn_request
 from repro.rawtext import RawText
 from repro.records import SessionRecord, TurnRecord, corrupt_seen
 from repro.transport import Endpoint, HTTPClient
@@ -160,8 +160,14 @@ class Session:
         """Play one turn; False when the session cannot go on."""
         config = self.config
         workload = config.workload
-        body, collector = turn_request(config.observe, config.payload(self.messages))
         start_s = self.turn_start_s = self._now()
+        try:
+            body, collector = turn_request(config.observe, config.payload(self.messages))
+        except RenderError as err:
+            # The history holds a call the encoder cannot write: no request can continue this session.
+            self.failure, self.error = "error", str(err)
+            self._add(TurnRecord(index=index, status="error", start_s=start_s, error=self.error), TurnResult(status="error"))
+            return False
         result = await send_turn(
             self.client,
             config.endpoint,

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from faulty_servers import ORPHAN_CLOSER, start_faulty_server
 from dsml_checker import ToolCall, render_completion
-from repro.observe import ObservePlan, judge
+from repro.observe import ObservePlan, RenderError, judge, text_request
 from repro.rawtext import CompletionText, GenerateText, LogprobText, RawText
 from repro.records import FindingRecord, Manifest, ParserEffect, SessionRecord, TurnRecord, corrupt_seen
 from repro.store import RunWriter, load_run
@@ -246,9 +246,8 @@ def test_without_tool_call_logprobs_the_raw_text_comes_from_a_raw_endpoint(
     assert not bodies[0][prompt_key].startswith("<｜begin▁of▁sentence｜>")
 
 
-def _fault_ids(sim_url: str) -> set[str]:
-    faults = httpx.get(f"{sim_url.removesuffix('/v1')}/debug/faults").json()["faults"]
-    return {fault["request_id"] for fault in faults}
+def _faults(sim_url: str) -> list[dict[str, Any]]:
+    return httpx.get(f"{sim_url.removesuffix('/v1')}/debug/faults").json()["faults"]
 
 
 @pytest.mark.parametrize("coverage", ["full", "no-tool-calls"])
@@ -256,19 +255,28 @@ def test_raw_verdicts_agree_with_the_simulators_fault_log(
     sim_server: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str], coverage: str
 ) -> None:
     sim = sim_server("--enable-hierarchical-cache", "--index-k-dtype", "bf16", "--logprobs-coverage", coverage)
-    code, _, err = run_main(capsys, "run", "--base-url", sim.base_url, "--sessions", "40", "--turns", "8",
+    code, _, err = run_main(capsys, "run", "--base-url", sim.base_url, "--sessions", "60", "--turns", "8",
                             "--out", str(tmp_path / "run"))
     assert code == 0, err
     run = load_run(tmp_path / "run")
     assert run.manifest.observe is not None
     assert run.manifest.observe["raw_source"] == ("logprobs" if coverage == "full" else "completions")
-    logged = _fault_ids(sim.base_url)
-    assert logged, "the simulator injected no fault: nothing to compare"
-    turns = [t for s in run.sessions for t in s.turns]
-    assert all(t.status == "ok" for t in turns)
+    faults = _faults(sim.base_url)
+    assert faults, "the simulator injected no fault: nothing to compare"
+    turns = {t.request_id: t for s in run.sessions for t in s.turns if t.status == "ok"}
+    # A damaged call the parser returned cannot be rendered into the next prompt: that session ends there,
+    # corrupt (its evidence came first).
+    for session in run.sessions:
+        for turn in session.turns:
+            assert turn.status == "ok" or (turn.error or "").startswith("cannot render") and session.outcome == "corrupt"
     # The simulator's log is the truth: every fault it injected shows in the raw text, nothing else does.
-    assert {t.request_id for t in turns if t.raw_verdict == "corrupt"} == logged
-    assert sum(len(s.turns) for s in run.sessions) > 2 * len(run.sessions)  # the loop went on with parsed calls
+    assert {rid for rid, t in turns.items() if t.raw_verdict == "corrupt"} == {f["request_id"] for f in faults}
+    # A fault the simulator's parser absorbed (its output identical to the undamaged text's) was hidden.
+    absorbed = [f["request_id"] for f in faults if f["parser_effect"] == "absorbed"]
+    assert all(turns[rid].parser_effect == "hidden" for rid in absorbed)
+    effect = _summary(tmp_path / "run")["parser_effect"]
+    assert effect["hidden_turns"] >= len(absorbed) and effect["raw_corrupt_turns"] == len(faults)
+    assert len(turns) > 2 * len(run.sessions)  # the loop went on with the parsed calls
 
 
 # ------------------------------------------------------------------------------------------------ records and report
@@ -334,6 +342,16 @@ def test_run_directories_from_before_raw_mode_still_load(tmp_path: Path) -> None
     assert run.manifest.observe is None
     effect = ParserEffect.of(run.sessions)
     assert (effect.judged_turns, effect.hidden_sessions, effect.hidden_share) == (0, 0, None)
+
+
+@pytest.mark.parametrize("arguments", ['{"path": "a', "[1]", "null", 3])
+def test_a_history_the_encoder_cannot_write_is_a_render_error(arguments: Any) -> None:
+    call = {"id": "c", "type": "function", "function": {"name": "read_file", "arguments": arguments}}
+    payload = {"model": "m", "messages": [{"role": "user", "content": "u"},
+                                          {"role": "assistant", "content": "", "tool_calls": [call]},
+                                          {"role": "tool", "tool_call_id": "c", "content": "x"}]}
+    with pytest.raises(RenderError, match="read_file"):
+        text_request("completions", payload, fmt="v4", thinking=True)
 
 
 def test_what_the_parse_lost_is_the_parsers_damage_not_what_the_agent_saw() -> None:
