@@ -323,7 +323,7 @@ class RawFaults:
             writer.transport.abort()
             return False
         if mode == "raw-malformed":
-            chunks = [b'data: {"id": "broken", "choices": [\n\n']
+            chunks = [chunks[0], b'data: {"id": "broken", "choices": [\n\n']
         writer.write(b"".join(_frame(chunk) for chunk in chunks[1:]) + _frame(b"data: [DONE]\n\n") + b"0\r\n\r\n")
         return True
 
