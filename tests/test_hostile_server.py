@@ -101,6 +101,17 @@ def test_lone_surrogates_are_stored_as_replacement_characters_and_the_report_is_
     assert "</html>" in report and "src/\ufffd.py" in report
 
 
+def test_records_with_lone_surrogates_serialise_anywhere_they_hide() -> None:
+    lone = json.loads('"a\\ud800b"')
+    manifest = Manifest(name=lone, run_id="r", command=["repro", "\udcff"], options={lone: {lone: [lone]}},
+                        workload={}, target={}, started_at="t")
+    assert Manifest.model_validate_json(manifest.model_dump_json(indent=2)).options == {"a\ufffdb": {"a\ufffdb": ["a\ufffdb"]}}
+    turn = TurnRecord(index=0, status="ok", start_s=0.0)
+    turn.tool_calls, turn.error = [lone], lone  # assigned after construction, as the session loop does
+    assert json.loads(turn.model_dump_json())["tool_calls"] == ["a\ufffdb"]
+    assert turn.model_dump()["error"] == lone  # Python-side dumps are untouched
+
+
 def test_non_utf8_argv_reaches_the_manifest(faulty: str, tmp_path: Path) -> None:
     out = os.fsencode(tmp_path) + b"/run-\xff"
     done = repro_cli("run", "--base-url", f"{faulty}/good/v1", "--sessions", "1", "--name", b"name-\xfe", "--out", out)
