@@ -236,7 +236,8 @@ def _http_error(status: int, body: bytes) -> str:
 
 
 def _not_an_answer(status: int, location: str | None) -> str:
-    """Why a 1xx-final or 3xx response is no answer; redirects are not followed (the user gave this URL)."""
+    """Why a final response that is neither 2xx nor an HTTP error is no answer; redirects are not followed
+    (the user named this URL; a redirected POST would be a guess)."""
     if 300 <= status < 400:
         target = f" to {location[:200]!r}" if location else " without a Location"
         return f"HTTP {status} redirect{target} (not followed)"
