@@ -14,6 +14,7 @@ import platform
 import resource
 import shlex
 import sys
+import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -51,6 +52,8 @@ from repro.workload import load_workload
 EMBEDDED_SIM_ARGS = ("--enable-hierarchical-cache", "--index-k-dtype", "bf16", "--enable-metrics", "--enable-cache-report")
 """The seeds' faulty configuration: HiCache on, bf16 index-K, no index-K gate (the fix flag absent); metrics on."""
 TARGET_CHECK_TIMEOUT_S = 10.0
+TARGET_CHECK_BYTES = 16 * 1024 * 1024
+"""Most bytes read of /models or /server_info: an answer that never ends is no answer."""
 
 
 class RunOptions(BaseModel):
@@ -172,17 +175,31 @@ def _headers(options: RunOptions) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
 
+def _get(client: httpx.Client, url: str) -> tuple[int, bytes]:
+    """GET `url`: status and body; ValueError when the body outgrows TARGET_CHECK_BYTES or the check's time."""
+    deadline = time.monotonic() + TARGET_CHECK_TIMEOUT_S
+    body = bytearray()
+    with client.stream("GET", url) as response:
+        for piece in response.iter_bytes():
+            body += piece
+            if len(body) > TARGET_CHECK_BYTES or time.monotonic() > deadline:
+                raise ValueError(f"the answer did not end within {TARGET_CHECK_BYTES} bytes and {TARGET_CHECK_TIMEOUT_S:g}s")
+        return response.status_code, bytes(body)
+
+
 def resolve_target(base_url: str, model: str | None, headers: dict[str, str], *, embedded: bool, sim_args: list[str]) -> Target:
     """Check that the target answers `/models`; pick the model; read `/server_info` when there is one."""
     with httpx.Client(timeout=TARGET_CHECK_TIMEOUT_S, trust_env=False, headers=headers, verify=tls_context()) as client:
         try:
-            response = client.get(f"{base_url}/models")
+            status, content = _get(client, f"{base_url}/models")
         except httpx.HTTPError as err:
             raise TargetError(f"target {base_url} is unreachable: {type(err).__name__}: {err}") from None
-        if response.status_code != 200:
-            raise TargetError(f"target {base_url}/models answered HTTP {response.status_code}")
+        except ValueError as err:
+            raise TargetError(f"target {base_url}/models: {err}") from None
+        if status != 200:
+            raise TargetError(f"target {base_url}/models answered HTTP {status}")
         try:
-            listed = [str(entry["id"]) for entry in parse_json(response.content).get("data", [])]
+            listed = [str(entry["id"]) for entry in parse_json(content).get("data", [])]
         except (ValueError, AttributeError, KeyError, TypeError):
             raise TargetError(f"target {base_url}/models did not return an OpenAI model list") from None
         if model is None:
@@ -191,8 +208,8 @@ def resolve_target(base_url: str, model: str | None, headers: dict[str, str], *,
             model = listed[0]
         server_info = None
         with contextlib.suppress(httpx.HTTPError, ValueError):
-            info = client.get(server_root(base_url) + "/server_info")
-            info_json = parse_json(info.content) if info.status_code == 200 else None
+            status, content = _get(client, server_root(base_url) + "/server_info")
+            info_json = parse_json(content) if status == 200 else None
             if isinstance(info_json, dict):
                 server_info = info_json
     return Target(base_url=base_url, model=model, embedded=embedded, sim_args=sim_args, server_info=server_info)

@@ -25,6 +25,7 @@ connection is routed by its first request, so keep one mode per client connectio
 - `surrogate`: the first turn leaks DSML holding lone surrogates (`\ud800`), in its id too.
 - `comments`: an endless stream of SSE comments, as fast as the client reads.
 - `huge-loop`: the first turn's tool-call arguments are a 2 MB repetition loop (never closed).
+- `endless-side`: good completions, but `/server_info` and `/metrics` answer an endless body.
 - `raw-malformed`, `raw-reset`: as `malformed` and `reset` (the reset is a TCP RST).
 - `chaos`: each session gets `CHAOS[session % len(CHAOS)]`, the session read from its task's ticket
   (`REPRO-<seed>-<session>`), so a test knows which session met which fault.
@@ -270,6 +271,14 @@ class RawFaults:
                 {"object": "list", "data": [{"id": MODEL, "object": "model"}]}).encode()
             writer.write(_json_response(listing))
             return True
+        if mode == "endless-side" and path.endswith(("/server_info", "/metrics")):
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ntransfer-encoding: chunked\r\n\r\n")
+            piece = _frame(b"# " + b"x" * 65536 + b"\n")
+            for _ in range(2**40 // len(piece)):
+                writer.write(piece)
+                await writer.drain()
+                await asyncio.sleep(0.001)
+            return False
         if not (method == "POST" and path.endswith("/chat/completions")):
             writer.write(_json_response(b'{"detail": "Not Found"}', "404 Not Found"))
             return True
@@ -328,7 +337,7 @@ class RawFaults:
         return True
 
 
-RAW_MODES = (frozenset(CHAOS) | {"chaos", "deep-models"}) - {"good"}
+RAW_MODES = (frozenset(CHAOS) | {"chaos", "deep-models", "endless-side"}) - {"good"}
 
 
 app = Starlette(

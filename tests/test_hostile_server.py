@@ -246,3 +246,9 @@ def test_chaos_a_whole_run_against_every_fault_at_once_ends_whole(faulty: str, t
     report = (out / "report.html").read_text(encoding="utf-8")
     assert "</html>" in report and "more bytes of this span" in report
     assert len(report) < 2_000_000  # two 2 MB loops, shown as bounded excerpts
+
+
+def test_endless_server_info_and_metrics_neither_hang_nor_fill_the_run(faulty: str, tmp_path: Path) -> None:
+    result, _ = run(tmp_path / "run", base_url=f"{faulty}/endless-side/v1", sessions=2)
+    assert result.exit_code == 0 and [s.outcome for s in load_run(result.path).sessions] == ["clean", "clean"]
+    assert load_run(result.path).manifest.server_info is None and not (result.path / "metrics.csv").exists()
