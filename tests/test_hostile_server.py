@@ -209,7 +209,7 @@ EXPECTED = {
     "comments": ("error", "response exceeded 4000000 bytes; reading stopped there"),
     "early-hints": ("clean", None),
     "redirect": ("error", "HTTP 307 redirect to '/good/v1/chat/completions' (not followed)"),
-    "drip-headers": ("error", "headers not complete after 1.5s"),
+    "drip-headers": ("error", "headers not complete after 3s"),
     "huge-loop": ("corrupt", "args-not-object"),
     "raw-malformed": ("error", "malformed stream: event is not JSON"),
     "raw-reset": ("error", "connection "),
@@ -222,7 +222,7 @@ def test_chaos_a_whole_run_against_every_fault_at_once_ends_whole(faulty: str, t
     out = tmp_path / "chaos"
     done = repro_cli(
         "run", "--base-url", f"{faulty}/chaos/v1", "--sessions", str(sessions), "--out", str(out),
-        "--stall-timeout", "1.5", "--turn-timeout", "30", "--timeout", "90", "--max-turn-bytes", "4000000",
+        "--stall-timeout", "3", "--turn-timeout", "30", "--timeout", "90", "--max-turn-bytes", "4000000",
         timeout=300,
     )
     err = done.stderr.decode(errors="replace")
