@@ -2,7 +2,8 @@
 
 Standard library only, no I/O. `check(message, finish_reason=, tools=, tool_choice=)` returns a `Verdict`
 ("clean", "corrupt" on any hard finding, "suspect" on soft ones only) with its `Finding`s; `RULES` lists every
-rule id with its severity and description; `StreamAccumulator` rebuilds a streamed message so it is judged
+rule id with its severity and description; `check_raw(raw, …)` judges the text the model generated against
+DeepSeek's reference grammar (the "raw-*" rules) and then as the message a faithful parser would make of it; `StreamAccumulator` rebuilds a streamed message so it is judged
 whole. `render_calls`/`parse_calls`/`split_completion` write and read the DeepSeek formats (dsml-format.md).
 """
 
@@ -17,6 +18,7 @@ from dsml_checker.formats import (
     render_completion,
     split_completion,
 )
+from dsml_checker.raw import check_raw
 from dsml_checker.stream import StreamAccumulator
 
 __all__ = [
@@ -29,6 +31,7 @@ __all__ = [
     "ToolCall",
     "Verdict",
     "check",
+    "check_raw",
     "parse_calls",
     "render_calls",
     "render_completion",

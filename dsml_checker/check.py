@@ -2,20 +2,42 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import re
-from typing import Any
+from typing import Any, Callable, ParamSpec
 
 from dsml_checker.findings import Finding, Verdict, make_finding
 from dsml_checker.schema import schema_error
 from dsml_checker.soft_rules import scan_soft
 from dsml_checker.text_rules import scan_arguments, scan_text
+from dsml_checker.turn_rules import scan_turn
 
 # Quotes, angle brackets, whitespace or a fullwidth bar in a name mean markup spilled into it.
 _BAD_NAME_RE = re.compile(r"[\"'<>`\s｜]")
 
 
 _CLEAN = Verdict("clean", ())
+_TOO_DEEP = Verdict.of((Finding("message-shape", "message", 0, 0, "nested too deeply to judge", "hard"),))
+P = ParamSpec("P")
+
+
+def depth_guarded(judge: Callable[P, Verdict]) -> Callable[P, Verdict]:
+    """`judge`, returning a message-shape verdict where it would raise RecursionError.
+
+    Judging walks the message's structure (repr, json.dumps, schemas, argument values), and Python's recursion
+    limit is about a thousand frames: a structure nested that deep is damage in itself, never an exception.
+    JSON *text* nested too deep is caught where it is parsed (args-not-object) and never gets here.
+    """
+
+    @functools.wraps(judge)
+    def guarded(*args: P.args, **kwargs: P.kwargs) -> Verdict:
+        try:
+            return judge(*args, **kwargs)
+        except RecursionError:
+            return _TOO_DEEP
+
+    return guarded
 
 
 def _text(value: Any) -> str:
@@ -54,7 +76,7 @@ def _parse_object(args: str) -> dict[str, Any] | None:
     try:
         # An empty string is how several servers send a zero-argument call.
         parsed = json.loads(args) if args.strip() else {}
-    except (ValueError, RecursionError):  # a runaway `[[[[…` is not an object either
+    except (ValueError, RecursionError):  # RecursionError: arrays or objects nested about a thousand deep
         return None
     return parsed if isinstance(parsed, dict) else None
 
@@ -144,11 +166,16 @@ def _check_consistency(
     return findings
 
 
-def check(message: Any, *, finish_reason: str | None = None, tools: Any = None, tool_choice: Any = None) -> Verdict:
+@depth_guarded
+def check(
+    message: Any, *, finish_reason: str | None = None, tools: Any = None, tool_choice: Any = None, raw: str | None = None
+) -> Verdict:
     """Judge one assistant message (`content`, `reasoning_content`, `tool_calls`) and its finish reason.
 
     `tools` and `tool_choice` are the request's, in OpenAI format; without tools the name and schema checks
-    are skipped. Any input shape is accepted: malformed messages become findings, never exceptions.
+    are skipped. `raw`, the text the model generated for this turn, adds the rules comparing the parsed calls
+    with the invokes it shows (`call-lost`, `param-lost`); judging the raw text itself is `check_raw`'s job.
+    Any input shape is accepted: malformed messages become findings, never exceptions.
     """
     if not isinstance(message, dict):
         return Verdict.of((_whole("message-shape", "message", repr(message)[:80]),))
@@ -162,18 +189,19 @@ def check(message: Any, *, finish_reason: str | None = None, tools: Any = None, 
     encoded: list[bytes] = []
     for field, value in (("content", message.get("content")), ("reasoning_content", reasoning)):
         text = value if isinstance(value, str) else _text(value)
-        raw = text.encode("utf-8", "surrogatepass")
-        found, has_markup = scan_text(text, raw, field, reasoning=field != "content", tools_offered=schemas is not None)
+        utf8 = text.encode("utf-8", "surrogatepass")
+        found, has_markup = scan_text(text, utf8, field, reasoning=field != "content", tools_offered=schemas is not None)
         findings += found
         markup = markup or has_markup
         texts.append((field, text))
-        encoded.append(raw)
+        encoded.append(utf8)
     calls = message.get("tool_calls")
     call_findings, names = _check_calls(calls, schemas, texts)
     findings += call_findings
     for _, text in texts[len(encoded) :]:  # the argument texts
         encoded.append(text.encode("utf-8", "surrogatepass"))
     findings += scan_soft(texts, encoded)
+    findings += scan_turn(texts[0][1], texts[1][1], calls, schemas, finish_reason, raw)
     n_calls = len(calls) if isinstance(calls, list) else 0
     calls_missing = not n_calls and isinstance(finish_reason, str) and finish_reason == "tool_calls"
     if markup or calls_missing or not (tool_choice is None or tool_choice == "auto"):

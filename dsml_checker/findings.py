@@ -43,12 +43,45 @@ RULES: dict[str, Rule] = {
     "tool-choice-none": Rule("hard", 'tool_choice was "none" but the turn carries tool calls or tool-call markup'),
     "tool-choice-required": Rule("hard", 'tool_choice was "required" or a named function but there are no tool_calls'),
     "tool-choice-mismatch": Rule("hard", "tool_choice named a function but another function was called"),
+    # what today's parsers make of damaged text (real-parsers.md §2c); hard, because each changes what the agent
+    # acts on, and each has a clean look-alike kept out by its threshold
+    "duplicate-call": Rule("hard", "the same call (name, equal non-empty arguments) twice in one turn: a re-sent block parsed twice"),
+    "reasoning-replayed": Rule("hard", "the content holds the reasoning (whole, 48+ characters, or a cut replay of 200+)"),
+    "bare-tool-tags": Rule("hard", "<invoke name=…>/<parameter name=…> without the sentinel, naming the request's tools or parameters"),
+    "resent-prefix": Rule("hard", "the text opens with a streaming buffer re-sent growing (Let me checkLet me check the…)"),
+    "empty-turn": Rule("hard", "no content and no tool calls with finish_reason stop (reasoning alone included): nothing to act on"),
+    "call-lost": Rule("hard", "the raw text shows a complete invoke that the parsed message has no call for"),
+    "param-lost": Rule("hard", "a parsed call lacks a parameter that its invoke in the raw text shows"),
     # soft (rules 10–11)
     "repetition-loop": Rule("soft", "a short unit repeats in a loop (0000…, repeated n-grams)"),
     "rare-chars": Rule("soft", "a run of replacement, control, private-use or other rare characters"),
     "attr-damage": Rule("soft", "visible DSML tags with damaged attributes (string flag, quotes, duplicates, prose between parameters)"),
     # info
     "quoted-dsml": Rule("info", "DSML markup quoted inside a Markdown code span or fence"),
+    # raw text against DeepSeek's reference grammar (check_raw): every departure is hard, since a strict parser
+    # rejects the turn and today's lenient ones repair, drop or duplicate calls without a trace
+    "raw-eos-early": Rule("hard", "raw: text generated after the end-of-sentence token"),
+    "raw-think-replayed": Rule("hard", "raw: a second </think> in the answer: the reasoning replayed after it"),
+    "raw-dsml-in-reasoning": Rule("hard", "raw: tool-call markup before </think>: the block emitted while thinking"),
+    "raw-sentinel-garbled": Rule("hard", "raw: a DSML tag with ASCII, doubled or ‖ bars, or spaces, in its sentinel"),
+    "raw-opener-misspelled": Rule("hard", "raw: the block opener misspelled or foreign (<｜DSML｜toolcalls>, function_calls in V4)"),
+    "raw-opener-missing": Rule("hard", "raw: complete invokes with no block opener before them"),
+    "raw-bare-invoke": Rule("hard", "raw: an invoke opener outside any block, never closed"),
+    "raw-block-marker": Rule("hard", "raw: the block opener not preceded by the blank line (\\n\\n) the grammar requires"),
+    "raw-block-unterminated": Rule("hard", "raw: the text ends inside the block although the turn was not cut by length"),
+    "raw-text-after-block": Rule("hard", "raw: text other than end-of-sentence after the block closer"),
+    "raw-orphan-closer": Rule("hard", "raw: a stray DSML closer after the block"),
+    "raw-second-block": Rule("hard", "raw: a second tool-call block after the first (the answer or block repeated)"),
+    "raw-attr-quotes": Rule("hard", "raw: a typographic or other non-ASCII quote around a tag attribute"),
+    "raw-string-attr": Rule("hard", 'raw: a parameter\'s string attribute missing or not "true"/"false"'),
+    "raw-param-json": Rule("hard", 'raw: a string="false" value (or JSON body) that is not valid JSON'),
+    "raw-param-duplicate": Rule("hard", "raw: the same parameter twice in one invoke"),
+    "raw-invoke-name": Rule("hard", "raw: an invoke name that is empty or holds a quote or newline"),
+    "raw-closer-in-value": Rule("hard", "raw: a parameter closer (often cut short) inside a value, ending it early"),
+    "raw-markup-in-value": Rule("hard", "raw: a parsed parameter value holds DSML markup"),
+    "raw-tag-fragment": Rule("hard", "raw: a DSML tag inside the block that is cut short or not one of the grammar's tags"),
+    "raw-tag-grammar": Rule("hard", "raw: any other departure from the block grammar (separators, tag order, attribute layout)"),
+    "raw-truncated": Rule("info", "raw: the turn was cut by max tokens (finish_reason length) inside a tag or the block"),
 }
 
 _EXCERPT_BEFORE = 20

@@ -20,12 +20,17 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from dsml_checker import check
+import anyio
+
+from dsml_checker import Verdict, check
 from repro import sandbox
 from repro.client import MAX_TURN_BYTES, TurnResult, send_turn
 from repro.records import FindingRecord, SessionRecord, TurnRecord
 from repro.transport import Endpoint, HTTPClient
 from repro.workload import Workload
+
+_OFF_LOOP_BYTES = 1 << 16
+"""Replies this long or longer are judged off the event loop (about a millisecond of checking per 64 KB)."""
 
 RawKeeper = Callable[[int, int, bytes], str]
 """(session id, turn index, bytes) → path of the kept bytes relative to the run directory."""
@@ -82,6 +87,20 @@ def _assistant_message(message: dict[str, Any], turn: int) -> tuple[dict[str, An
     if calls:
         history["tool_calls"] = calls
     return history, calls
+
+
+async def _judge(result: TurnResult, tools: Any, tool_choice: Any) -> Verdict:
+    """The turn's verdict; a long reply is judged in a worker thread, so the event loop goes on timing the
+    other sessions (their stall watchdogs, their chunk gaps) meanwhile.
+
+    A thread, not a process: the checker is linear and its C calls are short, so the loop gets the GIL back
+    every switch interval, and a thread spares pickling a reply of megabytes both ways. A short reply is
+    judged in place: a thread hop costs more than its verdict.
+    """
+    judge = functools.partial(check, result.message, finish_reason=result.finish_reason, tools=tools, tool_choice=tool_choice)
+    if len(result.raw) < _OFF_LOOP_BYTES:
+        return judge()
+    return await anyio.to_thread.run_sync(judge, abandon_on_cancel=True)
 
 
 class Session:
@@ -168,7 +187,7 @@ class Session:
                 self.error = f"session budget of {config.timeout:g}s used up during turn {index}"
             self._add(record, result)
             return False
-        verdict = check(result.message, finish_reason=result.finish_reason, tools=config.tools, tool_choice=workload.tool_choice)
+        verdict = await _judge(result, config.tools, workload.tool_choice)
         record.verdict = verdict.label
         record.findings = [FindingRecord.model_validate(finding.to_dict()) for finding in verdict.findings]
         if verdict.label == "corrupt":

@@ -7,6 +7,7 @@ One process serves every behaviour; the first path segment picks it, so a test's
 - `slow:SECONDS`: like good, with SECONDS between chunks (5 chunks a turn): for session-budget timeouts.
 - `leak`: the first turn leaks DSML markup into content with finish_reason stop; later turns are good.
 - `stall`: the second turn sends one chunk and then nothing, ever.
+- `huge:CHARS`: one final answer of CHARS characters of degenerate markup (`<|` repeated), 64 KB a chunk.
 - `http500`: every completion is an HTTP 500.
 - `malformed`: the stream carries an event that is not JSON.
 - `reset`: the stream is cut (connection closed) after one chunk.
@@ -62,6 +63,11 @@ LEAK = (
 )
 
 
+def huge_reply(chars: int) -> str:
+    """What `huge:CHARS` answers: a "<" and a bar again and again, each a special-token candidate to judge."""
+    return "<|" * (chars // 2)
+
+
 def _example(schema: dict[str, Any]) -> Any:
     kind = schema.get("type")
     return {"string": "src/app.py", "integer": 1, "number": 1.0, "boolean": True, "array": [], "object": {}}.get(
@@ -109,6 +115,12 @@ def _plan(body: dict[str, Any], mode: str) -> tuple[list[bytes], str, dict[str, 
         chunks += [_chunk(cid, {"content": part}) for part in parts]
         chunks += [_chunk(cid, {}, "stop"), _usage(cid, prompt)]
         return chunks, cid, {"message": {"role": "assistant", "content": LEAK}, "finish_reason": "stop"}
+    if mode.startswith("huge:"):
+        text = huge_reply(int(mode.split(":", 1)[1]))
+        chunks = [_chunk(cid, {"role": "assistant", "content": ""})]
+        chunks += [_chunk(cid, {"content": text[i : i + 65536]}) for i in range(0, len(text), 65536)]
+        chunks += [_chunk(cid, {}, "stop"), _usage(cid, prompt)]
+        return chunks, cid, {"message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
     if turn >= FINAL_AFTER or not tools:
         chunks = [
             _chunk(cid, {"role": "assistant", "content": "All done: "}),

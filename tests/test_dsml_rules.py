@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from dsml_checker import RULES, ToolCall, check, render_calls
+from dsml_checker import RULES, ToolCall, check, render_calls, render_completion
+from dsml_checker.formats import EOS
 from dsml_checker.findings import Verdict
 
 TOOLS = [
@@ -25,7 +26,11 @@ TOOLS = [
     },
     {"type": "function", "function": {"name": "submit", "parameters": {"type": "object", "properties": {}}}},
 ]
-BLOCK = render_calls([ToolCall("get_weather", {"city": "Paris", "days": 3})])
+WEATHER, WEATHER_ROME = ToolCall("get_weather", {"city": "Paris", "days": 3}), ToolCall("get_weather", {"city": "Rome"})
+BLOCK = render_calls([WEATHER])
+RAW = render_completion(reasoning="I should look it up.", content="", calls=[WEATHER])
+REASONING = "The user wants the weather in Paris; I already have the forecast data."
+LONG_REASONING = " ".join(f"Step {i}: weigh option {i * 7 % 11} against the budget." for i in range(12))
 
 
 def call(name: Any, args: Any, *, raw: bool = False) -> dict[str, Any]:
@@ -39,6 +44,7 @@ def judge(case: dict[str, Any]) -> Verdict:
         finish_reason=case.get("finish_reason"),
         tools=case.get("tools", TOOLS),
         tool_choice=case.get("tool_choice"),
+        raw=case.get("raw"),
     )
 
 
@@ -191,6 +197,56 @@ CASES: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {
         [text("plain prose"), text("`code` only"), text("a lone ` then <｜DSML｜invoke name=\"f\">"),
          text("``mismatched` <｜DSML｜invoke>``` runs")],
     ),
+    # what today's parsers make of damaged text
+    "duplicate-call": (
+        [calls(call("get_weather", {"city": "Paris"}), call("get_weather", {"city": "Paris"}), finish_reason="tool_calls"),
+         calls(call("get_weather", {"city": "Paris", "days": 3}), call("submit", {}), call("get_weather", {"days": 3.0, "city": "Paris"}))],
+        [calls(call("get_weather", {"city": "Paris"}), call("get_weather", {"city": "Rome"}), finish_reason="tool_calls"),
+         calls(call("submit", {}), call("submit", {}), finish_reason="tool_calls"),
+         calls(call("get_weather", {"city": "Paris", "days": 3}), call("get_weather", {"city": "Paris"}))],
+    ),
+    "reasoning-replayed": (
+        [{"message": {"content": "It is sunny in Paris. " + REASONING, "reasoning_content": REASONING}, "finish_reason": "stop"},
+         {"message": {"content": "Done." + LONG_REASONING[:230], "reasoning_content": LONG_REASONING}, "finish_reason": "length"}],
+        [{"message": {"content": "I already have the forecast data: sunny.", "reasoning_content": REASONING}, "finish_reason": "stop"},
+         {"message": {"content": "Say hello.", "reasoning_content": "Say hello."}, "finish_reason": "stop"},
+         {"message": {"content": "Summary. " + LONG_REASONING[:150], "reasoning_content": LONG_REASONING}, "finish_reason": "stop"}],
+    ),
+    "bare-tool-tags": (
+        [text('Calling now <parameter name="city">Paris</parameter>'), text("<invoke name='get_weather'>\n</invoke>"),
+         {"message": {"content": "ok", "reasoning_content": '<parameter  name = "days">2</parameter>'}}],
+        [text('```xml\n<parameter name="city">x</parameter>\n```'), text('<parameter name="color">red</parameter>'),
+         {"message": {"content": '<parameter name="city">Paris</parameter>'}, "tools": None}, text("<parameters name='city'>")],
+    ),
+    "resent-prefix": (
+        [text("Let me checkLet me check theLet me check the weather."), text("LetLet meLet me check the weather"),
+         text("Hello there!Hello there! How are you?"), text("Let checkLet check")],
+        [text("ha ha ha ha ha ha ha ha"), text("New York, New York is a song."), text("Tomorrow, and tomorrow, and tomorrow"),
+         text("abab"), text("Bye bye!"), text("| col | col |\n|-----|-----|\n| 1 | 2 |\n" * 3), text("no no no, I said no")],
+    ),
+    "empty-turn": (
+        [{"message": {"content": ""}, "finish_reason": "stop"}, {"message": {"content": None, "reasoning_content": "Thought."}, "finish_reason": "stop"},
+         {"message": {"content": "  \n"}, "finish_reason": "stop"}],
+        [{"message": {"content": ""}, "finish_reason": "length"}, calls(call("submit", {}), content="", finish_reason="tool_calls"),
+         text("Done.", finish_reason="stop"), {"message": {"content": ""}}],
+    ),
+    "call-lost": (
+        [text("Let me check.", finish_reason="stop", raw=RAW.replace('name="get_weather"', "name=“get_weather”")),
+         calls(call("get_weather", {"city": "Paris", "days": 3}), content="Let me check.", finish_reason="tool_calls",
+               raw=render_completion(reasoning="r", content="Let me check.", calls=[WEATHER, WEATHER_ROME]))],
+        [calls(call("get_weather", {"city": "Paris", "days": 3}), content="Let me check.", raw=RAW.replace(EOS, "Let me check.\n\n" + BLOCK + EOS)),
+         text("Use `<｜DSML｜invoke name=\"get_weather\">\n</｜DSML｜invoke>` to call it.", finish_reason="stop",
+              raw="r</think>Use `<｜DSML｜invoke name=\"get_weather\">\n</｜DSML｜invoke>` to call it." + EOS),
+         text("Let me check.", finish_reason="length", raw=RAW.removesuffix(EOS)[:-40])],
+    ),
+    "param-lost": (
+        [calls(call("get_weather", {"city": "co"}), finish_reason="tool_calls", raw=RAW.replace(">Paris<", ">co</｜DSML｜parameterParis<")),
+         calls(call("get_weather", {"city": "Paris"}), finish_reason="tool_calls", raw=RAW)],
+        [calls(call("get_weather", {"city": " Paris ", "days": 3}), finish_reason="tool_calls", raw=RAW),
+         calls(call("get_weather", {"city": "Paris", "days": 3}), finish_reason="tool_calls",
+               raw=RAW.replace(BLOCK, BLOCK.split("\n")[0] + '\n<｜DSML｜invoke name="get_weather">{"city": "Paris", "days": 3}</｜DSML｜invoke>\n'
+                               + BLOCK.split("\n")[-1]))],
+    ),
 }
 
 FIRES = [(rule, i, case) for rule, (positive, _) in CASES.items() for i, case in enumerate(positive)]
@@ -198,7 +254,7 @@ MISSES = [(rule, i, case) for rule, (_, negative) in CASES.items() for i, case i
 
 
 def test_every_registered_rule_has_cases() -> None:
-    assert set(CASES) == set(RULES)
+    assert set(CASES) == {rule for rule in RULES if not rule.startswith("raw-")}  # raw rules: test_dsml_raw.py
     for rule, (positive, negative) in CASES.items():
         assert positive and negative, rule
 
