@@ -9,6 +9,7 @@ One process serves every behaviour; the first path segment picks it, so a test's
 - `stall`: the second turn sends one chunk and then nothing, ever.
 - `huge:CHARS`: one final answer of CHARS characters of degenerate markup (`<|` repeated), 64 KB a chunk.
 - `http500`: every completion is an HTTP 500.
+- `echokey`: every completion is an HTTP 401 whose message repeats the request's Authorization header.
 - `malformed`: the stream carries an event that is not JSON.
 - `reset`: the stream is cut (connection closed) after one chunk.
 - `nomodels`: `/v1/models` lists nothing.
@@ -160,6 +161,9 @@ async def completions(request: Request) -> Response:
     body = await request.json()
     if mode == "http500":
         return JSONResponse({"error": {"message": "internal failure (on purpose)"}}, status_code=500)
+    if mode == "echokey":
+        offered = request.headers.get("authorization", "")
+        return JSONResponse({"error": {"message": f"invalid credentials: {offered}"}}, status_code=401)
     chunks, cid, whole = _plan(body, mode)
     turn = sum(1 for m in body.get("messages", []) if m.get("role") == "assistant")
     if not body.get("stream"):
