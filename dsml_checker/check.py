@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import re
-from typing import Any
+from typing import Any, Callable, ParamSpec
 
 from dsml_checker.findings import Finding, Verdict, make_finding
 from dsml_checker.schema import schema_error
@@ -17,6 +18,26 @@ _BAD_NAME_RE = re.compile(r"[\"'<>`\s｜]")
 
 
 _CLEAN = Verdict("clean", ())
+_TOO_DEEP = Verdict.of((Finding("message-shape", "message", 0, 0, "nested too deeply to judge", "hard"),))
+P = ParamSpec("P")
+
+
+def depth_guarded(judge: Callable[P, Verdict]) -> Callable[P, Verdict]:
+    """`judge`, returning a message-shape verdict where it would raise RecursionError.
+
+    Judging walks the message's structure (repr, json.dumps, schemas, argument values), and Python's recursion
+    limit is about a thousand frames: a structure nested that deep is damage in itself, never an exception.
+    JSON *text* nested too deep is caught where it is parsed (args-not-object) and never gets here.
+    """
+
+    @functools.wraps(judge)
+    def guarded(*args: P.args, **kwargs: P.kwargs) -> Verdict:
+        try:
+            return judge(*args, **kwargs)
+        except RecursionError:
+            return _TOO_DEEP
+
+    return guarded
 
 
 def _text(value: Any) -> str:
@@ -55,7 +76,7 @@ def _parse_object(args: str) -> dict[str, Any] | None:
     try:
         # An empty string is how several servers send a zero-argument call.
         parsed = json.loads(args) if args.strip() else {}
-    except (ValueError, RecursionError):  # a runaway `[[[[…` is not an object either
+    except (ValueError, RecursionError):  # RecursionError: arrays or objects nested about a thousand deep
         return None
     return parsed if isinstance(parsed, dict) else None
 
@@ -145,6 +166,7 @@ def _check_consistency(
     return findings
 
 
+@depth_guarded
 def check(
     message: Any, *, finish_reason: str | None = None, tools: Any = None, tool_choice: Any = None, raw: str | None = None
 ) -> Verdict:

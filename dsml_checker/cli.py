@@ -1,13 +1,18 @@
 """`dsml-check FILE|-`: judge JSON lines of chat completions; one JSON verdict per line, a summary on stderr.
 
 Each input line is an OpenAI `chat.completion` object or `{"message": …, "finish_reason": …}`, optionally with
-`"request": {"tools": […], "tool_choice": …}`. Exit 0 when every input is clean or suspect, 1 when any is
-corrupt (or suspect, with --strict), 2 on unreadable input, naming the line.
+`"request": {"tools": […], "tool_choice": …}` and with `"raw": "…"`, the text the model generated for the turn.
+A line with raw text gets three verdicts: on the message, on the raw text, and on what the parse lost of it; it
+is corrupt if any is, and the summary counts the damage the server's parser hid (raw text corrupt, message not)
+and made (raw text clean, message or parse corrupt). Exit 0 when every input is clean or suspect, 1 when any is
+corrupt (or suspect, with --strict), 2 on unreadable input, naming the line (not UTF-8, not JSON, nested
+too deeply, not a completion object, an unreadable path), 70 on an internal error, 130 when interrupted.
 """
 
 from __future__ import annotations
 
 import argparse
+import codecs
 import json
 import os
 import sys
@@ -16,7 +21,9 @@ from dataclasses import dataclass
 from typing import IO, Any, Iterator
 
 from dsml_checker.check import check
-from dsml_checker.findings import RULES
+from dsml_checker.findings import RULES, Verdict
+from dsml_checker.formats import FORMATS
+from dsml_checker.raw import check_raw
 
 # Model text is untrusted: C1 controls, bidi overrides and line separators survive ensure_ascii=False and
 # could drive or reorder a terminal, and lone surrogates cannot be encoded at all, so all of them are written
@@ -29,6 +36,11 @@ _TERMINAL_UNSAFE = {
 EXIT_CLEAN = 0
 EXIT_CORRUPT = 1
 EXIT_UNREADABLE = 2
+_RANK = {"clean": 0, "suspect": 1, "corrupt": 2}
+# Rules comparing the parsed message with the raw text: what the parse lost, which no agent sees in the message.
+CROSS_RULES = frozenset({"call-lost", "param-lost"})
+
+EXIT_INTERNAL = 70  # sysexits' EX_SOFTWARE: a bug here must not pass for a verdict (0, 1) or bad input (2)
 
 
 class InputError(Exception):
@@ -45,6 +57,8 @@ class Turn:
     tools: Any
     tool_choice: Any
     response_id: str | None
+    raw: str | None = None
+    """The text the model generated for this turn, when the line carries it."""
 
 
 def _turn(obj: Any, where: str, line: int) -> Turn:
@@ -64,16 +78,29 @@ def _turn(obj: Any, where: str, line: int) -> Turn:
         message, finish = obj["message"], obj.get("finish_reason")
     else:
         raise InputError(f'{where}: expected a chat.completion object (with "choices") or {{"message": …}}')
-    return Turn(line, message, finish, request.get("tools"), request.get("tool_choice"), response_id)
+    raw = obj.get("raw")
+    if raw is not None and not isinstance(raw, str):
+        raise InputError(f'{where}: "raw" must be a string (the text the model generated)')
+    return Turn(line, message, finish, request.get("tools"), request.get("tool_choice"), response_id, raw)
 
 
 def read_turns(stream: IO[bytes], source: str) -> Iterator[Turn]:
     """Parse JSON lines lazily, so verdicts for good lines come out before a bad line stops the run."""
-    for number, raw in enumerate(stream, start=1):
+    number = 0
+    while True:
+        try:
+            raw = stream.readline()
+        except OSError as err:  # EIO and the like, mid-file: the input, not a bug, and not a verdict
+            raise InputError(f"cannot read {source} after line {number}: {err.strerror or err}") from None
+        if not raw:
+            return
+        number += 1
         where = f"{source}:{number}"
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as err:
+            if err.reason == "unexpected end of data" and not raw.endswith(b"\n"):
+                raise InputError(f"{where}: the last line ends inside a UTF-8 character (a torn line?)") from None
             raise InputError(f"{where}: not UTF-8 ({err.reason} at byte {err.start})") from None
         if not text.strip():
             continue
@@ -81,6 +108,10 @@ def read_turns(stream: IO[bytes], source: str) -> Iterator[Turn]:
             obj = json.loads(text)
         except ValueError as err:
             raise InputError(f"{where}: not valid JSON ({err})") from None
+        except RecursionError:
+            # The line's nesting is the response's structure, which a server or the harness wrote: the model's
+            # text reaches it only inside strings. A line nested past the parser's limit is damaged input.
+            raise InputError(f"{where}: JSON nested too deeply to read (about a thousand levels or more)") from None
         yield _turn(obj, where, number)
 
 
@@ -93,18 +124,47 @@ def _open(path: str) -> IO[bytes]:
         raise InputError(f"cannot read {path}: {err.strerror}") from None
 
 
-def run(path: str, *, strict: bool, out: IO[str], err: IO[str]) -> int:
+def judge(turn: Turn, fmt: str) -> tuple[dict[str, Any], str | None]:
+    """The output row of one turn, and what the server's parser did to it: "hid" (raw text corrupt, parsed
+    message not), "made" (raw text clean, parser's side corrupt), or None (also when there is no raw text).
+
+    With raw text the row has three verdicts: `parsed` (the message, what an agent saw: `findings`), `raw`
+    (`check_raw`), `lost` (what the parse lost of the raw text); `label` is the worst of them.
+    """
+    seen = check(turn.message, finish_reason=turn.finish_reason, tools=turn.tools, tool_choice=turn.tool_choice, raw=turn.raw)
+    row: dict[str, Any] = {"line": turn.line, "id": turn.response_id}
+    if turn.raw is None:
+        return {**row, **seen.to_dict()}, None
+    parsed = Verdict.of(tuple(f for f in seen.findings if f.rule not in CROSS_RULES))
+    lost = Verdict.of(tuple(f for f in seen.findings if f.rule in CROSS_RULES))
+    raw = check_raw(turn.raw, tools=turn.tools, tool_choice=turn.tool_choice, finish_reason=turn.finish_reason, fmt=fmt)
+    label = max(parsed.label, raw.label, lost.label, key=_RANK.__getitem__)
+    effect = None
+    if raw.label == "corrupt" and parsed.label != "corrupt":
+        effect = "hid"
+    elif raw.label != "corrupt" and "corrupt" in (parsed.label, lost.label):
+        effect = "made"
+    row |= {"label": label, "findings": parsed.to_dict()["findings"], "parsed": parsed.label}
+    row |= {"raw": raw.to_dict(), "lost": lost.to_dict(), "parser": effect}
+    return row, effect
+
+
+def run(path: str, *, strict: bool, out: IO[str], err: IO[str], fmt: str = "v4") -> int:
     """Judge every line of `path`, write verdicts to `out` and the summary to `err`; return the exit code."""
     counts: Counter[str] = Counter()
+    effects: Counter[str | None] = Counter()
     source = "<stdin>" if path == "-" else path
+    # Model text is mostly non-ASCII markup: where the output cannot encode it, write it as JSON escapes.
+    ascii_only = codecs.lookup(getattr(out, "encoding", None) or "utf-8").name != "utf-8"
     try:
         stream = _open(path)
         try:
             for turn in read_turns(stream, source):
-                verdict = check(turn.message, finish_reason=turn.finish_reason, tools=turn.tools, tool_choice=turn.tool_choice)
-                counts[verdict.label] += 1
-                row = {"line": turn.line, "id": turn.response_id, **verdict.to_dict()}
-                out.write(json.dumps(row, ensure_ascii=False).translate(_TERMINAL_UNSAFE) + "\n")
+                row, effect = judge(turn, fmt)
+                counts[row["label"]] += 1
+                if turn.raw is not None:
+                    effects[effect] += 1
+                out.write(json.dumps(row, ensure_ascii=ascii_only).translate(_TERMINAL_UNSAFE) + "\n")
         finally:
             if stream is not sys.stdin.buffer:
                 stream.close()
@@ -113,9 +173,11 @@ def run(path: str, *, strict: bool, out: IO[str], err: IO[str]) -> int:
         err.write(f"dsml-check: error: {problem}\n")
         return EXIT_UNREADABLE
     total = sum(counts.values())
+    with_raw = sum(effects.values())
+    parser = f"; with raw text {with_raw}: the parser hid {effects['hid']}, made {effects['made']}" if with_raw else ""
     err.write(
         f"dsml-check: {total} input{'s' if total != 1 else ''}: {counts['clean']} clean, "
-        f"{counts['corrupt']} corrupt, {counts['suspect']} suspect\n"
+        f"{counts['corrupt']} corrupt, {counts['suspect']} suspect{parser}\n"
     )
     if counts["corrupt"] or (strict and counts["suspect"]):
         return EXIT_CORRUPT
@@ -124,11 +186,21 @@ def run(path: str, *, strict: bool, out: IO[str], err: IO[str]) -> int:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="dsml-check", description="Judge chat completions (JSON lines) for broken DeepSeek DSML tool-call markup."
+        prog="dsml-check",
+        description="Judge chat completions (JSON lines) for broken DeepSeek DSML tool-call markup.",
+        epilog="A line with raw text gets a verdict on the message (\"parsed\", with \"findings\"), on the raw text "
+        '("raw") and on what the parse lost of it ("lost"); "label" is the worst, and "parser" says whether the '
+        'server\'s parser "hid" damage (raw corrupt, message not) or "made" it (raw clean). Exit codes: 0 clean or '
+        "suspect, 1 corrupt (or suspect with --strict), 2 unreadable input (one line naming it), 70 internal error, "
+        "130 interrupted.",
     )
     parser.add_argument(
-        "file", nargs="?", help="JSON-lines file of chat.completion objects or {message, finish_reason}; - for stdin"
+        "file",
+        nargs="?",
+        help="JSON-lines file of chat.completion objects or {message, finish_reason}, each optionally with "
+        '"request": {tools, tool_choice} and "raw": the text the model generated (judged too); - for stdin',
     )
+    parser.add_argument("--format", choices=FORMATS, default="v4", help="the DSML format of raw texts (default v4)")
     parser.add_argument("--strict", action="store_true", help="count suspect turns (soft findings) as failures")
     parser.add_argument("--list-rules", action="store_true", help="print every rule id, severity and description")
     opts = parser.parse_args(argv)
@@ -139,15 +211,22 @@ def main(argv: list[str] | None = None) -> None:
     if opts.file is None:
         parser.error("a FILE (or - for stdin) is required")
     try:
-        code = run(opts.file, strict=opts.strict, out=sys.stdout, err=sys.stderr)
+        code = run(opts.file, strict=opts.strict, out=sys.stdout, err=sys.stderr, fmt=opts.format)
         sys.stdout.flush()
     except KeyboardInterrupt:
         sys.stderr.write("dsml-check: interrupted\n")
         code = 130
+    except MemoryError:
+        sys.stderr.write("dsml-check: internal error: out of memory\n")
+        code = EXIT_INTERNAL
     except BrokenPipeError:
         # The reader (e.g. `| head`) went away: stop quietly, and keep Python from complaining at exit.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         code = EXIT_CLEAN
+    except Exception as bug:  # noqa: BLE001 - whatever it is, `git bisect run` must not read it as a verdict
+        detail = " ".join(str(bug).split())
+        sys.stderr.write(f"dsml-check: internal error: {type(bug).__name__}: {detail}\n".translate(_TERMINAL_UNSAFE))
+        code = EXIT_INTERNAL
     sys.exit(code)
 
 

@@ -10,7 +10,7 @@ import functools
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 SENTINEL = "｜DSML｜"
 EOS = "<｜end▁of▁sentence｜>"
@@ -190,6 +190,8 @@ def _json_value(raw: str, *, position: int, rule: str) -> Any:
         return json.loads(raw)
     except ValueError as err:
         raise DSMLParseError(f"value is not valid JSON ({err.msg})", position=position, rule=rule) from None
+    except RecursionError:
+        raise DSMLParseError("value is nested too deeply to parse", position=position, rule=rule) from None
 
 
 def _parse_dsml_strict(text: str, tags: DsmlTags) -> list[ToolCall]:
@@ -248,13 +250,23 @@ class _TolerantPatterns:
 def _tolerant_patterns(tags: DsmlTags) -> _TolerantPatterns:
     return _TolerantPatterns(
         invoke=re.compile(re.escape(tags.invoke_open) + r'\s+name\s*=\s*"([^"]*)"\s*(/?)>'),
-        param=re.compile(
-            re.escape(tags.param_open)
-            + r'\s+name\s*=\s*"([^"]*)"\s+string\s*=\s*"([^"]*)"\s*>(.*?)'
-            + re.escape(tags.param_close),
-            re.DOTALL,
-        ),
+        param=re.compile(re.escape(tags.param_open) + r'\s+name\s*=\s*"([^"]*)"\s+string\s*=\s*"([^"]*)"\s*>'),
     )
+
+
+def _params(body: str, tags: DsmlTags, pats: _TolerantPatterns) -> Iterator[tuple[int, int, str, str, str, int]]:
+    """(start, flag offset, name, string flag, raw value, end) of each parameter: an opener, then up to its closer.
+
+    The value's end is found with str.find, not a lazy `(.*?)closer` in the pattern: that pattern rescans to the
+    end of the body from every opener when no closer follows (quadratic in a run of unclosed parameters).
+    """
+    pos = 0
+    while (m := pats.param.search(body, pos)) is not None:
+        close = body.find(tags.param_close, m.end())
+        if close < 0:
+            return  # no later opener has a closer either
+        pos = close + len(tags.param_close)
+        yield m.start(), m.start(2), m.group(1), m.group(2), body[m.end() : close], pos
 
 
 def _parse_tolerant_body(body: str, offset: int, tags: DsmlTags, pats: _TolerantPatterns) -> dict[str, Any]:
@@ -269,25 +281,24 @@ def _parse_tolerant_body(body: str, offset: int, tags: DsmlTags, pats: _Tolerant
         return value
     args: dict[str, Any] = {}
     last = 0
-    for m in pats.param.finditer(body):
-        if body[last : m.start()].strip():
+    for start, flag_at, key, flag, raw, end in _params(body, tags, pats):
+        if body[last:start].strip():
             raise DSMLParseError("text between parameters", position=offset + last, rule="param-boundary")
-        key, flag, raw = m.groups()
         if flag not in ("true", "false"):
             raise DSMLParseError(
-                f'string attribute must be "true" or "false", found {flag!r}', position=offset + m.start(2), rule="param-string-attr"
+                f'string attribute must be "true" or "false", found {flag!r}', position=offset + flag_at, rule="param-string-attr"
             )
         if key in args:
-            raise DSMLParseError(f"parameter {key!r} appears twice", position=offset + m.start(), rule="param-duplicate")
+            raise DSMLParseError(f"parameter {key!r} appears twice", position=offset + start, rule="param-duplicate")
         if flag == "true":
             args[key] = raw
         else:
             # SGLang keeps the raw string when a string="false" value is not JSON (dsml-format.md §4).
             try:
                 args[key] = json.loads(raw)
-            except ValueError:
+            except (ValueError, RecursionError):
                 args[key] = raw
-        last = m.end()
+        last = end
     if body[last:].strip():
         raise DSMLParseError("unparsed text at the end of an invoke", position=offset + last, rule="param-boundary")
     return args

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from dsml_checker.formats import SENTINEL
+from dsml_checker.text_rules import Spans
 
 _WORD_MAX = 24  # a DSML tag word is short: longer runs are prose, and this bounds the work per tag
 _NAME_MAX = 128
@@ -87,7 +88,7 @@ class ShownInvoke:
 def _json_keys(body: str) -> frozenset[str]:
     try:
         value = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):
         return frozenset()
     return frozenset(value) if isinstance(value, dict) else frozenset()
 
@@ -99,10 +100,10 @@ def shown_invokes(raw: str, *, skip: list[tuple[int, int]] | None = None) -> lis
     max tokens did not finish it.
     """
     tags = list(dsml_tags(raw))
-    spans = skip or []
+    spans = Spans(skip or ())
     found: list[ShownInvoke] = []
     for i, tag in enumerate(tags):
-        if tag.closing or tag.word.strip() != "invoke" or any(lo <= tag.start < hi for lo, hi in spans):
+        if tag.closing or tag.word.strip() != "invoke" or spans.covers(tag.start, tag.start + 1):
             continue
         head_end = raw.find(">", tag.end, tag.end + _HEAD_MAX)
         name = None if head_end < 0 else attribute(raw, tag.end, "name", head_end)

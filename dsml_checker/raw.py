@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 from typing import Any, Iterator
 
-from dsml_checker.check import check
+from dsml_checker.check import check, depth_guarded
 from dsml_checker.findings import Finding, Verdict, make_finding
 from dsml_checker.formats import (
     DSML_FORMATS,
@@ -247,6 +247,7 @@ def _structured(calls: list[ToolCall]) -> list[dict[str, Any]]:
     ]
 
 
+@depth_guarded
 def check_raw(
     raw: str, *, tools: Any = None, tool_choice: Any = None, finish_reason: str | None = None, fmt: str = "v4"
 ) -> Verdict:

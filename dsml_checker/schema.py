@@ -8,7 +8,7 @@ A schema is compiled once into a chain of small checks (a load run validates the
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Hashable
 
 # A compiled check returns None, or "<JSON pointer relative to the value>: <reason>"; parents prefix their key
 # only on failure, so valid arguments build no path strings.
@@ -40,6 +40,20 @@ def json_equal(a: Any, b: Any) -> bool:
     if isinstance(a, dict) and isinstance(b, dict):
         return a.keys() == b.keys() and all(json_equal(a[k], b[k]) for k in a)
     return type(a) is type(b) and a == b
+
+
+def json_key(value: Any) -> Hashable:
+    """A hashable key shared by values that `json_equal` calls equal (1 and 1.0 alike, True apart from 1), so
+    equal values meet in a dict instead of each being compared with every other."""
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return (type(value).__name__, value)
+    if _is_number(value):
+        return value if isinstance(value, int) or not value.is_integer() else int(value)
+    if isinstance(value, list):
+        return ("list", tuple(json_key(item) for item in value))
+    if isinstance(value, dict):
+        return ("dict", frozenset((key, json_key(item)) for key, item in value.items()))
+    return ("other", type(value).__name__, repr(value))
 
 
 def _pointer(key: Any) -> str:

@@ -25,6 +25,7 @@ class StreamAccumulator:
         self._content: list[str] = []
         self._reasoning: list[str] = []
         self._calls: dict[int, _CallParts] = {}
+        self._top: int | None = None  # max(_calls), kept as calls arrive: max() per delta is quadratic
         self.finish_reason: str | None = None
         self.usage: dict[str, Any] | None = None
         self.chunks = 0
@@ -80,8 +81,9 @@ class StreamAccumulator:
         if not isinstance(index, int) or isinstance(index, bool):
             # Without an index, a new id starts a new call and anything else continues the last one.
             is_new = entry.get("id") is not None or not self._calls
-            index = len(self._calls) if is_new else max(self._calls)
+            index = len(self._calls) if is_new or self._top is None else self._top
         parts = self._calls.setdefault(index, _CallParts())
+        self._top = index if self._top is None else max(self._top, index)
         if parts.id is None and isinstance(entry.get("id"), str):
             parts.id = entry["id"]
         if parts.type is None and isinstance(entry.get("type"), str):

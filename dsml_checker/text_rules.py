@@ -10,7 +10,7 @@ import bisect
 import itertools
 import json
 import re
-from typing import Iterator
+from typing import Iterable, Iterator
 
 from dsml_checker.findings import Finding, make_finding
 from dsml_checker.formats import SENTINEL
@@ -23,13 +23,16 @@ _SENT = rf"{_BAR}[ \t]*{_DSML}[ \t]*{_BAR}"
 _DSML_WORDS = (b"dsml", "dſml".encode())  # what _DSML matches under re.I, ASCII-lowered
 
 SENTINEL_ANY_RE = re.compile(_SENT)
+# Blanks, an optional closing slash, blanks: written possessive, because `[ \t]*/?[ \t]*` can split a run of k
+# blanks between its two halves k ways, and a failed match tries them all (quadratic in a "<" and its blanks).
+_BLANKS_SLASH = r"[ \t]*+(?:/[ \t]*+)?"
 _VARIANT_RE = re.compile(
     rf"{_SENT}[ \t]*(?:tool_calls|function_calls|toolcalls|tool_use|invoke|invoca|parameter|calls|tool)", re.I
 )
 # A DSML-ish tag: closing slash, tag word, attributes up to the tag's end, and its ">" when present.
 # A tag whose sentinel itself is garbled (<｜DSLM｜invoke, <|DMSL|tool_calls>): a short word between bars.
 _GARBLED_TAG_RE = re.compile(
-    rf"<[ \t]*/?[ \t]*{_BAR}[ \t]*[a-z]{{2,8}}[ \t]*{_BAR}[ \t]*(?:tool_calls|function_calls|toolcalls|tool_use|invoke|invoca|parameter|calls)",
+    rf"<{_BLANKS_SLASH}{_BAR}[ \t]*[a-z]{{2,8}}[ \t]*{_BAR}[ \t]*(?:tool_calls|function_calls|toolcalls|tool_use|invoke|invoca|parameter|calls)",
     re.I,
 )
 _LT_BAR_RE = re.compile(r"<[ \t]*[｜|‖]")
@@ -46,7 +49,7 @@ _PARAM = "[pP][aA][rR][aA][mM][a-zA-Z_]*+"
 # (7) an invoke or parameter opener's text up to its name attribute's closing quote, (8) that name.
 # Each optional part is written (?:...|), not (?:...)?: a repeat saves every group's mark, a branch does not.
 _TAG_SCAN_RE = re.compile(
-    rf"<([ \t]*/)?[ \t]*{_SENT}[ \t]*(?:({_INV})|({_PARAM})|[a-zA-Z_]*)"
+    rf"<([ \t]*+/)?[ \t]*+{_SENT}[ \t]*(?:({_INV})|({_PARAM})|[a-zA-Z_]*)"
     r"(?(1)"
     rf"(?(3)(?:(?=([^<>]*>\s*[^\s<][^<]*{_TAG_OPEN}{_PARAM}))|))"
     r"|"
@@ -68,7 +71,7 @@ _PLACEHOLDER_RE = re.compile(r"\$(?:TOOL_NAME|PARAMETER_NAME|PARAMETER_VALUE)")
 # does not open a well-spelt DSML tag.
 _LT_RE = re.compile(
     r"<(?:(parameter\s+name\s*=[^<>]*?\bstring\s*=)|(/?function_calls>|invoke\s+name\s*=|/invoke>|function>\s*<name>)"
-    rf"|(/?think>)|(?!/?{SENTINEL})([ \t]*/?[ \t]*[｜|‖]))"
+    rf"|(/?think>)|(?!/?{SENTINEL})({_BLANKS_SLASH}[｜|‖]))"
 )
 # At a "<" and a bar, the three special-token patterns at once: one match call instead of three, each group
 # holding what that pattern alone would match there.
@@ -152,28 +155,40 @@ def _quoted_regions(text: str) -> list[tuple[int, int]]:
     return (_fenced_blocks(text) if tilde else []) + [(a - 1, b) for a, b in zip(ticks[0::2], ticks[1::2])]
 
 
+class Spans:
+    """Spans that answer "is [start, end) inside one of them?" by bisection (a scan of every span per question
+    is quadratic when there are many of both)."""
+
+    __slots__ = ("_starts", "_reach")
+
+    def __init__(self, spans: Iterable[tuple[int, int]]) -> None:
+        ordered = sorted(spans)
+        self._starts = [lo for lo, _ in ordered]
+        # Reach of the spans opened so far: [start, end) is inside iff some span opened at or before `start`
+        # reaches `end`.
+        self._reach = list(itertools.accumulate((hi for _, hi in ordered), max))
+
+    def covers(self, start: int, end: int) -> bool:
+        i = bisect.bisect_right(self._starts, start)
+        return i > 0 and self._reach[i - 1] >= end
+
+
 class _Collector:
     """Gathers one finding per rule and field, routing matches inside code spans to a single quoted-dsml."""
 
-    __slots__ = ("text", "field", "findings", "seen", "_starts", "_reach")
+    __slots__ = ("text", "field", "findings", "seen", "_quoted")
 
     def __init__(self, text: str, field: str) -> None:
         self.text = text
         self.field = field
         self.findings: list[Finding] = []
         self.seen: set[str] = set()
-        self._starts: list[int] | None = None
-        self._reach: list[int] = []
+        self._quoted: Spans | None = None
 
     def quoted(self, start: int, end: int) -> bool:
-        if self._starts is None:
-            regions = sorted(_quoted_regions(self.text))
-            self._starts = [lo for lo, _ in regions]
-            # Reach of the regions opened so far: [start, end) is quoted iff some region opened at or before
-            # `start` reaches `end`.
-            self._reach = list(itertools.accumulate((hi for _, hi in regions), max))
-        i = bisect.bisect_right(self._starts, start)
-        return i > 0 and self._reach[i - 1] >= end
+        if self._quoted is None:
+            self._quoted = Spans(_quoted_regions(self.text))
+        return self._quoted.covers(start, end)
 
     def add(self, rule: str, start: int, end: int, *, quotable: bool = True) -> bool:
         """Record `rule` at [start, end) unless already recorded; True when it counts (not quoted)."""
@@ -209,7 +224,10 @@ def _variants(text: str, lowered: bytes) -> Iterator[re.Match[str]]:
             found[i], last = chars, at
     done = 0  # finditer's matches do not overlap: none may start before the previous one ended
     for at in found:
-        bar_end = len(text[:at].rstrip(" \t")) if text[at - 1 : at] in (" ", "\t") else at
+        # Back over the blanks before the word (not text[:at].rstrip: a copy of the prefix per word is quadratic).
+        bar_end = at
+        while bar_end and text[bar_end - 1] in " \t":
+            bar_end -= 1
         # A bar is one or two characters; the pattern tries the doubled bars first, as finditer would.
         for start in (bar_end - 2, bar_end - 1):
             if start >= done and start >= 0:
@@ -407,7 +425,7 @@ def _unescaped(text: str) -> str:
     """JSON text with its \\u escapes resolved, so an escaped sentinel (\\uff5cDSML\\uff5c) is seen."""
     try:
         return json.dumps(json.loads(text), ensure_ascii=False)
-    except ValueError:
+    except (ValueError, RecursionError):
         return text
 
 

@@ -8,14 +8,15 @@ Each scan is a bounded number of `str.find`/`startswith` calls: linear in the te
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections import deque
+from typing import Any, Hashable
 
 from dsml_checker.findings import Finding, make_finding
 from dsml_checker.formats import SENTINEL, THINK_CLOSE
 from dsml_checker.invokes import attribute, shown_invokes
-from dsml_checker.schema import json_equal
+from dsml_checker.schema import json_equal, json_key
 from dsml_checker.soft_rules import repeat_unit
-from dsml_checker.text_rules import quoted_spans
+from dsml_checker.text_rules import Spans, quoted_spans
 
 # reasoning-replayed: the whole reasoning must be at least this long (shorter ones are common phrases), or the
 # replay, cut short, at least _REPLAY_CUT_MIN long.
@@ -41,7 +42,7 @@ def parsed_args(args: Any) -> dict[str, Any] | None:
     if isinstance(args, str):
         try:
             value = json.loads(args) if args.strip() else {}
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
         return value if isinstance(value, dict) else None
     return None
@@ -62,11 +63,12 @@ def duplicate_call(calls: list[tuple[str, dict[str, Any] | None]]) -> Finding | 
 
     Zero-argument calls repeat legitimately (poll a clock, roll a die) and are not compared.
     """
-    seen: dict[str, list[dict[str, Any]]] = {}
+    seen: dict[tuple[str, Hashable], list[dict[str, Any]]] = {}
     for i, (name, args) in enumerate(calls):
         if not args:
             continue
-        earlier = seen.setdefault(name, [])
+        # Met by a hash of the arguments: comparing each call with every earlier one is quadratic in the calls.
+        earlier = seen.setdefault((name, json_key(args)), [])
         if any(json_equal(args, other) for other in earlier):
             text = json.dumps({"name": name, "arguments": args}, ensure_ascii=False, default=str)
             return _whole("duplicate-call", f"tool_calls[{i}]", text)
@@ -154,7 +156,7 @@ def tool_vocabulary(schemas: dict[str, Any]) -> tuple[frozenset[str], frozenset[
 def bare_tool_tags(text: str, field: str, names: frozenset[str], params: frozenset[str]) -> Finding | None:
     """`<invoke name="T">` or `<parameter name="P">` without the sentinel, naming one of the request's tools or
     their parameters, outside code spans and fences."""
-    quoted: list[tuple[int, int]] | None = None
+    quoted: Spans | None = None
     for tag, vocabulary in zip(_XML_TAGS, (names, params)):
         at = text.find(tag)
         while at >= 0:
@@ -162,8 +164,8 @@ def bare_tool_tags(text: str, field: str, names: frozenset[str], params: frozens
             if text[end : end + 1] in (" ", "\t", "\n"):
                 name = attribute(text, end, "name", min(len(text), end + 160))
                 if name is not None and name in vocabulary:
-                    quoted = quoted_spans(text) if quoted is None else quoted
-                    if not any(lo <= at < hi for lo, hi in quoted):
+                    quoted = Spans(quoted_spans(text)) if quoted is None else quoted
+                    if not quoted.covers(at, at + 1):
                         return make_finding("bare-tool-tags", field, text, at, end + len(name) + 9)
             at = text.find(tag, end)
     return None
@@ -204,13 +206,21 @@ def lost_calls(raw: str, calls: list[tuple[str, dict[str, Any] | None]]) -> list
         findings.append(_whole("call-lost", "tool_calls", ", ".join(lost)))
     for name, invokes in shown.items():
         # Each shown invoke, the fullest first, takes the first unused call of its name that has all its parameters.
-        unused = [(i, set(args)) for i, args in parsed.get(name, ()) if args is not None]
+        # Unused calls are grouped by their parameter names, each group in call order, so an invoke looks at one
+        # head per group rather than at every call (quadratic in a turn of many calls of few shapes).
+        unused: dict[frozenset[str], deque[int]] = {}
+        for i, args in parsed.get(name, ()):
+            if args is not None:
+                unused.setdefault(frozenset(args), deque()).append(i)
         for params in sorted(invokes, key=len, reverse=True):
-            match = next((n for n, (_, keys) in enumerate(unused) if params <= keys), None)
+            match = min(((group[0], keys) for keys, group in unused.items() if params <= keys), default=None)
             if match is not None:
-                unused.pop(match)
+                group = unused[match[1]]
+                group.popleft()
+                if not group:
+                    del unused[match[1]]
             elif unused:
-                i, keys = unused[0]
+                i, keys = min((group[0], keys) for keys, group in unused.items())
                 missing = ", ".join(sorted(params - keys))
                 findings.append(_whole("param-lost", f"tool_calls[{i}].function.arguments", f"{name}: {missing}"))
                 return findings

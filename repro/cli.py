@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import os
 import sys
+import traceback
 from pathlib import Path
 
 import typer
 
 from repro import __version__
-from repro.errors import EXIT_INTERRUPTED, ReproError, UsageError, handle_interrupts, is_interrupt
+from repro.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, ReproError, UsageError, handle_interrupts, is_interrupt
 
 app = typer.Typer(
     name="repro",
@@ -78,10 +79,16 @@ def gate_command(
     ),
     min_completed: int = typer.Option(20, "--min-completed", help="Inconclusive below this many completed sessions."),
     junit: Path | None = typer.Option(None, "--junit", help="Also write the checks as JUnit XML here."),
+    allow_partial: bool = typer.Option(
+        False, "--allow-partial", help="Judge an unfinished run (interrupted, crashed) on what it recorded."
+    ),
 ) -> None:
     """Exit 0 (pass), 1 (corruption shown above the limit or the baseline) or 125 (inconclusive)."""
     from repro.gate import evaluate, write_junit
+    from repro.store import check_output
 
+    if junit is not None:
+        check_output(junit, [run_dir, *([baseline] if baseline else [])], "--junit")
     result = evaluate(
         run_dir,
         max_corruption_rate=max_corruption_rate,
@@ -89,6 +96,7 @@ def gate_command(
         baseline=baseline,
         max_timeout_rate=max_timeout_rate,
         min_completed=min_completed,
+        allow_partial=allow_partial,
     )
     if junit is not None:
         write_junit(result, run_dir, junit)
@@ -174,7 +182,11 @@ def sim_serve(ctx: typer.Context) -> None:
 
 
 def main() -> None:
-    """Console entry point: ReproError becomes one line on stderr and its exit code, never a traceback."""
+    """Console entry point: ReproError becomes one line on stderr and its exit code, never a traceback.
+
+    Anything else is a bug: one line and EXIT_INTERNAL, never 0 or 1, which a CI gate or `git bisect
+    run` would read as a verdict. REPRO_DEBUG=1 prints the traceback too.
+    """
     handle_interrupts()
     try:
         app()
@@ -182,7 +194,16 @@ def main() -> None:
         typer.echo(f"repro: error: {err}", err=True)
         sys.exit(err.exit_code)
     except BaseException as err:
-        if isinstance(err, SystemExit) or not is_interrupt(err):
+        if isinstance(err, SystemExit):
             raise
-        typer.echo("repro: interrupted", err=True)
-        sys.exit(EXIT_INTERRUPTED)
+        if is_interrupt(err):
+            typer.echo("repro: interrupted", err=True)
+            sys.exit(EXIT_INTERRUPTED)
+        if os.environ.get("REPRO_DEBUG"):
+            traceback.print_exc()
+        detail = str(err).splitlines()[0] if str(err) else ""
+        typer.echo(
+            f"repro: internal error (a bug; REPRO_DEBUG=1 shows the traceback): {type(err).__name__}: {detail}",
+            err=True,
+        )
+        sys.exit(EXIT_INTERNAL)

@@ -398,7 +398,7 @@ class _Turn:
 
 
 # ASCII escapes: model output echoed back in the history may hold lone surrogates, which UTF-8 cannot encode.
-_JSON = json.JSONEncoder(separators=(",", ":"))
+_JSON = json.JSONEncoder(separators=(",", ":"), allow_nan=False)  # NaN is not JSON: never send it
 
 
 async def send_turn(

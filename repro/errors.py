@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 from types import FrameType
-from typing import NoReturn
+from typing import Any, Callable, Iterator
 
 import yaml
 from pydantic import ValidationError
@@ -15,6 +17,8 @@ EXIT_USAGE = 2
 EXIT_TARGET = 3
 EXIT_INCONCLUSIVE = 125
 EXIT_INTERRUPTED = 130
+EXIT_INTERNAL = 255
+"""A bug in repro, not a verdict: above 127, so `git bisect run` stops instead of marking the commit bad."""
 
 
 class ReproError(Exception):
@@ -40,18 +44,69 @@ class TargetError(ReproError):
     exit_code = EXIT_TARGET
 
 
-_interrupt = {"requested": False}
+_interrupt: dict = {"requested": False, "signals": 0, "on_first": None, "pending": "the partial results"}
 
 
-def request_interrupt(signum: int, frame: FrameType | None) -> NoReturn:
-    """Handler for SIGINT and SIGTERM: remember that the user asked to stop, then raise KeyboardInterrupt."""
-    _interrupt["requested"] = True
-    raise KeyboardInterrupt
+def _tell(line: str) -> None:
+    # os.write, not print: a signal handler can run while the main thread is inside a print to stderr.
+    os.write(2, f"repro: {line}\n".encode("utf-8", "replace"))
+
+
+def request_interrupt(signum: int, frame: FrameType | None) -> None:
+    """Handler for SIGINT and SIGTERM. The first asks to stop: it calls the `stopping` callback while a
+    load runs, else raises KeyboardInterrupt. The second is absorbed, so it cannot cut short the saving
+    the first started; the third quits at once (exit 130), naming what was not saved."""
+    _interrupt["signals"] += 1
+    count = _interrupt["signals"]
+    if count == 1:
+        _interrupt["requested"] = True
+        stop = _interrupt["on_first"]
+        if stop is None:
+            raise KeyboardInterrupt
+        _tell(f"stopping: saving {_interrupt['pending']} (interrupt twice more to quit without them)")
+        stop()
+    elif count == 2:
+        _tell(f"interrupted again: still saving {_interrupt['pending']} (once more quits without them)")
+    else:
+        _tell(f"quit: not saved: {_interrupt['pending']}")
+        os._exit(EXIT_INTERRUPTED)
 
 
 def handle_interrupts() -> None:
-    """Route SIGINT through `request_interrupt` (main thread only, as `signal` requires)."""
+    """Route SIGINT and SIGTERM through `request_interrupt` (main thread only, as `signal` requires)."""
     signal.signal(signal.SIGINT, request_interrupt)
+    signal.signal(signal.SIGTERM, request_interrupt)
+
+
+@contextlib.contextmanager
+def stopping(stop: Callable[[], None]) -> Iterator[None]:
+    """While the block runs, the first SIGINT or SIGTERM calls `stop` (from the signal handler: it must
+    only schedule work, e.g. with `loop.call_soon_threadsafe`) instead of raising KeyboardInterrupt.
+
+    The handlers stay `request_interrupt` after the block when they were before it (the CLI's case),
+    so later signals keep being counted while the results are saved.
+    """
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    _interrupt["on_first"] = stop
+    handle_interrupts()
+    try:
+        yield
+    finally:
+        _interrupt["on_first"] = None
+        for sig, handler in previous.items():
+            if handler is not None:  # None: a handler not installed from Python, which cannot be put back
+                signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def saving(what: str) -> Iterator[None]:
+    """Name what the block saves, for the line a repeated interrupt prints."""
+    before = _interrupt["pending"]
+    _interrupt["pending"] = what
+    try:
+        yield
+    finally:
+        _interrupt["pending"] = before
 
 
 def is_interrupt(err: BaseException) -> bool:
@@ -91,6 +146,41 @@ def describe_yaml_error(err: Exception, *, source: str) -> str:
     where = f"{source}:{mark.line + 1}" if mark is not None else source
     problem = getattr(err, "problem", None) or str(err).splitlines()[0]
     return f"{where}: not valid YAML: {problem}"
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a mapping with a key twice: YAML says keys are unique, and PyYAML would
+    silently keep the last one, so a setting written twice would quietly lose one of its values."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[object, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue  # `<<: *defaults` then overriding one of its keys is what merge keys are for
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = seen.get(key)
+                except TypeError:
+                    continue  # an unhashable key: SafeLoader itself names that error
+                if first is not None:
+                    raise yaml.constructor.ConstructorError(
+                        "while constructing a mapping", node.start_mark,
+                        f"duplicate key {key!r} (first at line {first})", key_node.start_mark,
+                    )
+                seen[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_yaml(text: str, *, source: str, loader: type[yaml.SafeLoader] = UniqueKeyLoader) -> Any:
+    """Parse YAML, turning every way it can fail (syntax, a duplicate key, nesting too deep for the
+    parser's recursion) into one UsageError line that names `source`."""
+    try:
+        return yaml.load(text, Loader=loader)  # noqa: S506 - SafeLoader subclasses only
+    except yaml.YAMLError as err:
+        raise UsageError(describe_yaml_error(err, source=source)) from None
+    except RecursionError:
+        raise UsageError(f"{source}: not usable YAML: nested too deeply") from None
 
 
 def yaml_lines(text: str, loader: type[yaml.SafeLoader] = yaml.SafeLoader) -> dict[tuple, int]:

@@ -2,7 +2,9 @@
 
 Pure evaluation over loaded runs; the CLI prints the lines and exits with the code. Exit codes follow
 design.md: 0 passed, 1 failed (the rate is shown to exceed the limit or the baseline), 125 inconclusive
-(so `git bisect run` skips), 2 bad input (a UsageError before any check).
+(so `git bisect run` skips), 2 bad input (a UsageError before any check). A run that did not finish
+(no summary, interrupted, fewer sessions recorded than planned) or whose records are damaged is
+inconclusive, never a pass: its evidence is partial or unusable.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from repro.report.junit import gate_cases, junit_xml
 from repro.report.model import fmt_conf, fmt_pct
 from repro.stats import assess_inconclusive, clopper_pearson, upper_bound
 from repro.stats.verdict import MAX_TIMEOUT_FRACTION, MIN_COMPLETED
-from repro.store import Run, load_run
+from repro.store import DamagedRun, Run, load_run
 
 CheckStatus = Literal["pass", "fail", "inconclusive"]
 
@@ -65,6 +67,30 @@ def _load(run: Run | Path | str) -> Run:
 def _lower_bound(k: int, n: int, confidence: float) -> float:
     # A two-sided Clopper-Pearson interval at 2c-1 puts (1-c) in each tail: its low end is the one-sided bound.
     return clopper_pearson(k, n, 2 * confidence - 1).low
+
+
+def _finished(run: Run, *, allow_partial: bool) -> GateCheck:
+    """Did the run record every session it planned? A partial run's rate is not the deployment's."""
+    recorded = sum(session.outcome != "interrupted" for session in run.sessions)
+    planned = run.manifest.options.get("sessions")
+    numbers: dict[str, Any] = {"recorded": recorded, "planned": planned, "allow_partial": allow_partial}
+    summary = run.summary
+    if summary is None:
+        problem = f"no summary.json: the run did not finish (crashed or killed); {recorded} sessions recorded"
+    elif summary.interrupted:
+        why = [reason for reason in summary.inconclusive_reasons if reason.startswith("the run ")]
+        problem = f"the run did not finish: {why[0] if why else 'interrupted'}; {recorded} sessions recorded"
+    elif isinstance(planned, int) and recorded < planned:
+        problem = f"only {recorded} of {planned} planned sessions recorded"
+    elif summary.sessions != len(run.sessions):
+        problem = f"summary.json counts {summary.sessions} sessions, sessions.jsonl holds {len(run.sessions)}"
+    else:
+        of = f" of {planned} planned" if isinstance(planned, int) else ""
+        return GateCheck("finished", "pass", f"finished: ok: {recorded}{of} sessions recorded", numbers)
+    if allow_partial:
+        return GateCheck("finished", "pass", f"finished: PARTIAL (allowed by --allow-partial): {problem}", numbers)
+    return GateCheck("finished", "inconclusive",
+                     f"finished: INCONCLUSIVE: {problem} (--allow-partial judges what was recorded)", numbers)
 
 
 def _evidence(counts: OutcomeCounts, *, threshold: float, confidence: float, min_completed: int,
@@ -148,8 +174,10 @@ def evaluate(
     baseline: Run | Path | str | None = None,
     max_timeout_rate: float | None = None,
     min_completed: int = MIN_COMPLETED,
+    allow_partial: bool = False,
 ) -> GateResult:
-    """Judge a run. Evidence wins: a rate shown to exceed the limit fails even when the run is thin."""
+    """Judge a run. Evidence wins: a rate shown to exceed the limit fails even when the run is thin or
+    unfinished. Damaged records make the result inconclusive (exit 125): the evidence is unusable."""
     if not 0.0 <= max_corruption_rate < 1.0:
         raise UsageError(f"--max-corruption-rate must be at least 0 and below 1, got {max_corruption_rate}")
     if not 0.5 < confidence < 1.0:
@@ -159,10 +187,14 @@ def evaluate(
         raise UsageError(f"--max-timeout-rate must be between 0 and 1, got {timeout_limit}")
     if min_completed < 1:
         raise UsageError(f"--min-completed must be at least 1, got {min_completed}")
-    run = _load(run_dir)
-    base = _load(baseline) if baseline is not None else None
+    try:
+        run = _load(run_dir)
+        base = _load(baseline) if baseline is not None else None
+    except DamagedRun as err:
+        return GateResult(EXIT_INCONCLUSIVE, [GateCheck("records", "inconclusive", f"records: INCONCLUSIVE: {err}")])
     counts = OutcomeCounts.of(run.sessions)
     checks = [
+        _finished(run, allow_partial=allow_partial),
         _evidence(counts, threshold=max_corruption_rate, confidence=confidence, min_completed=min_completed,
                   max_timeout_rate=timeout_limit),
         _rate(counts, limit=max_corruption_rate, confidence=confidence),

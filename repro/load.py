@@ -3,14 +3,15 @@
 Knows nothing of matrices or run directories: finished sessions go to a callback as they end.
 It samples the event loop's lag while it runs, so a user can tell when the client itself (not the
 server) distorted the timings. SIGINT or SIGTERM (main thread only) cancels the sessions in
-flight; they are reported through the same callback as `interrupted`.
+flight; they are reported through the same callback as `interrupted`. The signals go through
+`repro.errors.request_interrupt`, so a second one while the results are saved cannot cut that short.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gc
-import signal
 import threading
 import time
 from collections import Counter
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 
 import anyio
 
+from repro.errors import stopping
 from repro.records import SessionRecord
 
 if TYPE_CHECKING:
@@ -94,14 +96,6 @@ def _steady_gc() -> Iterator[None]:
         gc.unfreeze()
 
 
-async def _watch_signals(scope: anyio.CancelScope, stop: Callable[[], None]) -> None:
-    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async for _ in signals:
-            stop()
-            scope.cancel()
-            return
-
-
 async def run_load(
     sessions: int,
     concurrency: int,
@@ -111,11 +105,13 @@ async def run_load(
     ramp_up: float = 0.0,
     progress: LoadProgress | None = None,
     handle_signals: bool = True,
+    stop: anyio.Event | None = None,
 ) -> LoadResult:
     """Run sessions 0..N-1, at most `concurrency` at once, starts spread evenly over `ramp_up` seconds.
 
     `make_session(i)` is called when session i gets its slot; `on_finish` gets every finished
-    session's record, and at an interruption the record of every session still in flight.
+    session's record, and at an interruption the record of every session still in flight. Setting
+    `stop` interrupts the load as a signal would (the caller can no longer keep records, say).
     """
     progress = progress or LoadProgress(planned=sessions)
     limiter = anyio.CapacityLimiter(max(1, concurrency))
@@ -145,22 +141,33 @@ async def run_load(
             del in_flight[index]
             finish(record)
 
-    def stop() -> None:
-        nonlocal interrupted
-        interrupted = True
+    loop = asyncio.get_running_loop()
+    watch = handle_signals and threading.current_thread() is threading.main_thread()
 
     with _steady_gc():
         async with anyio.create_task_group() as outer:
+
+            def interrupt() -> None:
+                nonlocal interrupted
+                interrupted = True
+                outer.cancel_scope.cancel()
+
+            async def interrupt_on(event: anyio.Event) -> None:
+                await event.wait()
+                interrupt()
+
             outer.start_soon(sampler.run)
-            if handle_signals and threading.current_thread() is threading.main_thread():
-                outer.start_soon(_watch_signals, outer.cancel_scope, stop)
-            async with anyio.create_task_group() as group:
-                for index in range(sessions):
-                    if ramp_up > 0 and sessions > 1:
-                        delay = start + ramp_up * index / sessions - time.perf_counter()
-                        if delay > 0:
-                            await anyio.sleep(delay)
-                    group.start_soon(one, index)
+            if stop is not None:
+                outer.start_soon(interrupt_on, stop)
+            # Called from the signal handler: it may only hand the stop to the loop.
+            with stopping(lambda: loop.call_soon_threadsafe(interrupt)) if watch else contextlib.nullcontext():
+                async with anyio.create_task_group() as group:
+                    for index in range(sessions):
+                        if ramp_up > 0 and sessions > 1:
+                            delay = start + ramp_up * index / sessions - time.perf_counter()
+                            if delay > 0:
+                                await anyio.sleep(delay)
+                        group.start_soon(one, index)
             outer.cancel_scope.cancel()
     for index in sorted(in_flight):
         finish(in_flight[index].interrupted())

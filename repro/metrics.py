@@ -8,6 +8,7 @@ scraped, never an error of the run.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import time
 from pathlib import Path
@@ -16,7 +17,12 @@ import anyio
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from repro.store import append_whole
+
 HEADER = ("elapsed_s", "metric", "labels", "value")
+SCRAPE_TIMEOUT_S = 5.0
+SCRAPE_BYTES = 16 * 1024 * 1024
+"""Most bytes read of one scrape (SGLang's are ~100 KB): an endless /metrics must not hang or fill the run."""
 
 
 def server_root(base_url: str) -> str:
@@ -46,28 +52,40 @@ class MetricsScraper:
         self.url = url
         self.path = Path(path)
         self.interval = interval
+        self.error: OSError | None = None
+        """Why metrics.csv could not be written (a full disk): scraping stops, the run goes on."""
 
     async def scrape_once(self, origin: float) -> bool:
         try:
-            response = await self.client.get(self.url, timeout=5.0)
-            if response.status_code != 200:
-                return False
-            rows = parse_samples(response.text)
-        except (httpx.HTTPError, ValueError):
+            body = bytearray()
+            with anyio.fail_after(SCRAPE_TIMEOUT_S):
+                async with self.client.stream("GET", self.url, timeout=SCRAPE_TIMEOUT_S) as response:
+                    if response.status_code != 200:
+                        return False
+                    async for piece in response.aiter_bytes():
+                        body += piece
+                        if len(body) > SCRAPE_BYTES:
+                            return False
+            rows = parse_samples(body.decode("utf-8", errors="replace"))
+        except (httpx.HTTPError, ValueError, TimeoutError):
             return False
         elapsed = round(time.perf_counter() - origin, 3)
-        new = not self.path.exists()
-        with open(self.path, "a", newline="", encoding="utf-8") as fh:
-            writer = csv.writer(fh)
-            if new:
-                writer.writerow(HEADER)
-            writer.writerows((elapsed, name, labels, value) for name, labels, value in rows)
+        block = io.StringIO(newline="")
+        writer = csv.writer(block)
+        if not self.path.exists():
+            writer.writerow(HEADER)
+        writer.writerows((elapsed, name, labels, value) for name, labels, value in rows)
+        try:
+            append_whole(self.path, block.getvalue().encode("utf-8"))
+        except OSError as err:
+            self.error = err
+            return False
         return True
 
     async def run(self, origin: float) -> None:
-        """Scrape until cancelled; stop for good if the very first scrape finds no metrics."""
+        """Scrape until cancelled; stop for good if the very first scrape finds no metrics or a write fails."""
         if not await self.scrape_once(origin):
             return
-        while True:
+        while self.error is None:
             await anyio.sleep(self.interval)
             await self.scrape_once(origin)

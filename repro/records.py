@@ -18,6 +18,7 @@ from pydantic import (
     Field,
     SerializationInfo,
     SerializerFunctionWrapHandler,
+    ValidationInfo,
     model_serializer,
     model_validator,
 )
@@ -87,8 +88,9 @@ class _Record(BaseModel):
     # comes in (dict keys of free-form fields included), and what was assigned after construction.
     @model_validator(mode="before")
     @classmethod
-    def _utf8_in(cls, data: Any) -> Any:
-        return scrub_json(data) if isinstance(data, dict) else data
+    def _utf8_in(cls, data: Any, info: ValidationInfo) -> Any:
+        # Parsed JSON cannot hold one (pydantic refuses the escape), so reading a run directory skips the walk.
+        return scrub_json(data) if info.mode == "python" and isinstance(data, dict) else data
 
     @model_serializer(mode="wrap")
     def _utf8_out(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> Any:

@@ -10,20 +10,22 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import platform
 import resource
 import shlex
 import sys
+import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator
+from urllib.parse import urlsplit
 
 import anyio
 import httptools
 import httpx
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from rich.console import Console
 
@@ -38,7 +40,8 @@ from repro.errors import (
     TargetError,
     UsageError,
     describe_validation_error,
-    describe_yaml_error,
+    load_yaml,
+    saving,
 )
 from repro.load import LoadProgress, run_load
 from repro.metrics import MetricsScraper, metrics_url, server_root
@@ -47,20 +50,26 @@ from repro.rawprobe import PROBE_TIMEOUT_S, ProbeRequest, ProbeResult, probe
 from repro.records import Manifest, SessionRecord, Summary
 from repro.session import Session, SessionConfig
 from repro.sim.launch import start_sim
-from repro.store import METRICS, REPORT, RunWriter, check_new_run_dir, slug
+from repro.store import METRICS, REPORT, RunWriter, make_run_dir, new_run_dir, slug
 from repro.transport import Endpoint, tls_context
-from repro.untrusted import parse_json
+from repro.untrusted import NestingError, json_depth, parse_json
 from repro.workload import Workload, load_workload
 
 EMBEDDED_SIM_ARGS = ("--enable-hierarchical-cache", "--index-k-dtype", "bf16", "--enable-metrics", "--enable-cache-report")
 """The seeds' faulty configuration: HiCache on, bf16 index-K, no index-K gate (the fix flag absent); metrics on."""
 TARGET_CHECK_TIMEOUT_S = 10.0
+TARGET_CHECK_BYTES = 16 * 1024 * 1024
+"""Most bytes read of /models or /server_info: an answer that never ends is no answer."""
+MAX_RAMP_UP_S = 86_400.0
+"""A day: a longer ramp-up is a typo (1e12), and would wait without end for sessions never started."""
+MAX_EXTRA_BODY_DEPTH = 64
 
 
 class RunOptions(BaseModel):
     """One field per `repro run` option; the defaults are the CLI's."""
 
-    model_config = ConfigDict(extra="forbid")
+    # NaN and infinity are never useful here: `--ramp-up inf` would wait forever.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     base_url: str | None = None
     model: str | None = None
@@ -68,7 +77,7 @@ class RunOptions(BaseModel):
     sessions: int = Field(default=60, ge=1, le=100_000)
     concurrency: int | None = Field(default=None, ge=1, le=100_000)
     """None: all sessions at once."""
-    ramp_up: float = Field(default=0.0, ge=0.0)
+    ramp_up: float = Field(default=0.0, ge=0.0, le=MAX_RAMP_UP_S)
     turns: int = Field(default=12, ge=1, le=1_000)
     timeout: float = Field(default=180.0, gt=0.0)
     turn_timeout: float = Field(default=120.0, gt=0.0)
@@ -107,6 +116,20 @@ class RunOptions(BaseModel):
             return value
         if not value.startswith(("http://", "https://")):
             raise ValueError("must start with http:// or https://")
+        if any(char.isspace() or not char.isprintable() for char in value):
+            raise ValueError("must not contain spaces or control characters (CR, LF, tab)")
+        parts = urlsplit(value)
+        if "@" in parts.netloc:
+            # Refused, not sent: it would be written to manifest.json and the report, and it is in the
+            # shell's history and `ps` already. A key belongs in the environment.
+            raise ValueError(
+                "must not carry a user name or password (user:password@host): "
+                "put the key in an environment variable and pass --api-key-env"
+            )
+        if "?" in value or "#" in value:
+            raise ValueError(
+                "must not have a query string or fragment: /models and /chat/completions are appended to it"
+            )
         Endpoint.parse(value)  # a ValueError names what else is wrong: no host, a bad port
         return value.rstrip("/")
 
@@ -116,10 +139,20 @@ class RunOptions(BaseModel):
         if isinstance(value, str):
             try:
                 value = parse_json(value)
+            except NestingError:
+                raise ValueError(f"nested deeper than {MAX_EXTRA_BODY_DEPTH} levels") from None
             except ValueError as err:
                 raise ValueError(f"not valid JSON: {err}") from None
         if not isinstance(value, dict):
             raise ValueError("must be a JSON object")
+        if json_depth(value) > MAX_EXTRA_BODY_DEPTH:
+            raise ValueError(f"nested deeper than {MAX_EXTRA_BODY_DEPTH} levels")
+        try:
+            json.dumps(value, allow_nan=False)  # as every request body is sent: standard JSON only
+        except ValueError:
+            raise ValueError("NaN and Infinity are not JSON; no server can be expected to read them") from None
+        except TypeError as err:
+            raise ValueError(f"not JSON: {err}") from None
         return value
 
     @field_validator("sim_args", mode="before")
@@ -148,11 +181,12 @@ class RunOptions(BaseModel):
         data: dict[str, Any] = {}
         if config is not None:
             try:
-                loaded = yaml.safe_load(Path(config).read_text(encoding="utf-8"))
+                text = Path(config).read_text(encoding="utf-8")
             except OSError as err:
                 raise UsageError(f"--config {config}: cannot read: {err.strerror or err}") from None
-            except yaml.YAMLError as err:
-                raise UsageError(describe_yaml_error(err, source=f"--config {config}")) from None
+            except UnicodeDecodeError:
+                raise UsageError(f"--config {config}: not UTF-8 text") from None
+            loaded = load_yaml(text, source=f"--config {config}")
             if loaded is not None and not isinstance(loaded, dict):
                 raise UsageError(f"--config {config}: must be a mapping of option names to values")
             data = {str(key).replace("-", "_"): value for key, value in (loaded or {}).items()}
@@ -186,20 +220,43 @@ def _headers(options: RunOptions) -> dict[str, str]:
     key = os.environ.get(options.api_key_env)
     if not key:
         raise UsageError(f"--api-key-env {options.api_key_env}: the environment variable is not set")
+    bad = next((i for i, char in enumerate(key) if not "!" <= char <= "~"), None)
+    if bad is not None:
+        # Named by position and kind, never shown: the rest of the value is the secret.
+        kind = repr(key[bad]) if key[bad] in "\r\n\t " else "a non-ASCII or control character"
+        hint = " (a key file with Windows line endings?)" if key[bad] == "\r" else ""
+        raise UsageError(
+            f"--api-key-env {options.api_key_env}: the key has {kind} at position {bad + 1} of {len(key)}"
+            f"{hint}; an HTTP header cannot carry it (the value is not shown)"
+        )
     return {"Authorization": f"Bearer {key}"}
+
+
+def _get(client: httpx.Client, url: str) -> tuple[int, bytes]:
+    """GET `url`: status and body; ValueError when the body outgrows TARGET_CHECK_BYTES or the check's time."""
+    deadline = time.monotonic() + TARGET_CHECK_TIMEOUT_S
+    body = bytearray()
+    with client.stream("GET", url) as response:
+        for piece in response.iter_bytes():
+            body += piece
+            if len(body) > TARGET_CHECK_BYTES or time.monotonic() > deadline:
+                raise ValueError(f"the answer did not end within {TARGET_CHECK_BYTES} bytes and {TARGET_CHECK_TIMEOUT_S:g}s")
+        return response.status_code, bytes(body)
 
 
 def resolve_target(base_url: str, model: str | None, headers: dict[str, str], *, embedded: bool, sim_args: list[str]) -> Target:
     """Check that the target answers `/models`; pick the model; read `/server_info` when there is one."""
     with httpx.Client(timeout=TARGET_CHECK_TIMEOUT_S, trust_env=False, headers=headers, verify=tls_context()) as client:
         try:
-            response = client.get(f"{base_url}/models")
+            status, content = _get(client, f"{base_url}/models")
         except httpx.HTTPError as err:
             raise TargetError(f"target {base_url} is unreachable: {type(err).__name__}: {err}") from None
-        if response.status_code != 200:
-            raise TargetError(f"target {base_url}/models answered HTTP {response.status_code}")
+        except ValueError as err:
+            raise TargetError(f"target {base_url}/models: {err}") from None
+        if status != 200:
+            raise TargetError(f"target {base_url}/models answered HTTP {status}")
         try:
-            listed = [str(entry["id"]) for entry in parse_json(response.content).get("data", [])]
+            listed = [str(entry["id"]) for entry in parse_json(content).get("data", [])]
         except (ValueError, AttributeError, KeyError, TypeError):
             raise TargetError(f"target {base_url}/models did not return an OpenAI model list") from None
         if model is None:
@@ -208,8 +265,8 @@ def resolve_target(base_url: str, model: str | None, headers: dict[str, str], *,
             model = listed[0]
         server_info = None
         with contextlib.suppress(httpx.HTTPError, ValueError):
-            info = client.get(server_root(base_url) + "/server_info")
-            info_json = parse_json(info.content) if info.status_code == 200 else None
+            status, content = _get(client, server_root(base_url) + "/server_info")
+            info_json = parse_json(content) if status == 200 else None
             if isinstance(info_json, dict):
                 server_info = info_json
     return Target(base_url=base_url, model=model, embedded=embedded, sim_args=sim_args, server_info=server_info)
@@ -241,16 +298,39 @@ def _observe(options: RunOptions, config: SessionConfig, base_url: str, headers:
     return anyio.run(probe, request)
 
 
-def _run_dir(options: RunOptions, name: str) -> Path:
+def _run_dir(options: RunOptions, name: str) -> tuple[Path, bool]:
+    """The run directory, made now (so a concurrent run cannot take it); True if this call created it."""
     if options.out is not None:
-        return options.out
+        return options.out, make_run_dir(options.out)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    path = Path("reports") / f"{stamp}-{slug(name)}"
-    suffix = 2
-    while path.exists():
-        path = Path("reports") / f"{stamp}-{slug(name)}-{suffix}"
-        suffix += 1
-    return path
+    return new_run_dir(Path("reports"), f"{stamp}-{slug(name)}"), True
+
+
+class _StartGuard:
+    """Until `done`, an exception removes what the run made, so nothing blocks a rerun with the same --out.
+
+    Entered first in the run's ExitStack, so it exits last: after the simulator stopped writing its log.
+    Only what this run made is removed (rmdir, not rmtree): a directory that holds anything else stays.
+    """
+
+    def __init__(self, run_dir: Path, created: bool) -> None:
+        self.run_dir = run_dir
+        self.created = created
+        self.writer: RunWriter | None = None
+        self.done = False
+
+    def __enter__(self) -> "_StartGuard":
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, err: BaseException | None, tb: object) -> None:
+        if kind is None or self.done:
+            return
+        with contextlib.suppress(OSError):
+            if self.writer is not None:  # else the directory may be another run's: touch none of its files
+                self.writer.discard()
+                (self.run_dir / "sim.log").unlink(missing_ok=True)  # its tail is in the error already
+            if self.created:
+                self.run_dir.rmdir()
 
 
 def ensure_open_files(connections: int) -> None:
@@ -275,10 +355,19 @@ async def _drive(
     records: list[SessionRecord] = []
     progress = LoadProgress(planned=options.sessions)
     origin = progress.t0
+    disk_full = anyio.Event()
 
     def on_finish(record: SessionRecord) -> None:
         records.append(record)
         writer.append_session(record)
+        if writer.full is not None:
+            disk_full.set()
+
+    def keep_raw(session_id: int, turn: int, data: bytes) -> str | None:
+        path = writer.write_raw(session_id, turn, data)
+        if writer.full is not None:
+            disk_full.set()
+        return path
 
     async with (
         make_client(concurrency) as client,
@@ -290,10 +379,11 @@ async def _drive(
         group.start_soon(show_progress, progress, console, live)
 
         def make_session(index: int) -> Session:
-            return Session(index, config, client, keep_raw=writer.write_raw, origin=origin)
+            return Session(index, config, client, keep_raw=keep_raw, origin=origin)
 
         result = await run_load(
-            options.sessions, concurrency, make_session, on_finish, ramp_up=options.ramp_up, progress=progress
+            options.sessions, concurrency, make_session, on_finish, ramp_up=options.ramp_up, progress=progress,
+            stop=disk_full,
         )
         group.cancel_scope.cancel()
         if not result.interrupted:
@@ -321,27 +411,25 @@ def execute_run(
     console = console or Console()
     loaded = load_workload(options.workload)
     headers = _headers(options)
+    secrets = [value.removeprefix("Bearer ") for value in headers.values()]
     name = options.name or loaded.workload.name
-    run_dir = _run_dir(options, name)
-    check_new_run_dir(run_dir)  # before a simulator starts or a target is asked anything
+    run_dir, created = _run_dir(options, name)  # made now: before a simulator starts or a target is asked anything
     ensure_open_files(options.concurrency or options.sessions)
     with contextlib.ExitStack() as stack:
+        start = stack.enter_context(_StartGuard(run_dir, created))
         if options.base_url is None:
             # The directory exists before the simulator starts, so its log lands in it.
-            writer = RunWriter(run_dir)
+            writer = start.writer = RunWriter(run_dir, secrets=secrets)
             stack.callback(writer.close)
             base_url = stack.enter_context(_embedded_sim(options, run_dir, console))
             target = resolve_target(base_url, options.model, headers, embedded=True, sim_args=[*EMBEDDED_SIM_ARGS, *options.sim_args])
-            config = _session_config(options, target, loaded.workload, headers)
-            observed = _observe(options, config, base_url, headers)
         else:
             base_url = options.base_url
             target = resolve_target(base_url, options.model, headers, embedded=False, sim_args=[])
-            config = _session_config(options, target, loaded.workload, headers)
-            # Before the run directory exists: a target that cannot show raw text leaves nothing behind.
-            observed = _observe(options, config, base_url, headers)
-            writer = RunWriter(run_dir)
+            writer = start.writer = RunWriter(run_dir, secrets=secrets)
             stack.callback(writer.close)
+        config = _session_config(options, target, loaded.workload, headers)
+        observed = _observe(options, config, base_url, headers)
         config = dataclasses.replace(config, observe=observed.plan)
         for warning in observed.warnings:
             say(console, warning)
@@ -362,23 +450,65 @@ def execute_run(
             versions=_versions(),
             started_at=_utc_now(),
         )
-        writer.write_manifest(manifest)
-        records, interrupted, lag, duration = anyio.run(_drive, options, config, writer, console, live, base_url)
+        try:
+            writer.write_manifest(manifest)
+        except OSError as err:
+            raise UsageError(f"--out {run_dir}: cannot write the manifest: {err.strerror or err}") from None
+        start.done = True
+        with saving("the records of the sessions in flight, summary.json and report.html"):
+            records, interrupted, lag, duration = anyio.run(_drive, options, config, writer, console, live, base_url)
+    with saving("summary.json and report.html"):
+        return _save(options, run_dir, writer, manifest, records, interrupted, lag, duration, console, report)
+
+
+def _save(
+    options: RunOptions,
+    run_dir: Path,
+    writer: RunWriter,
+    manifest: Manifest,
+    records: list[SessionRecord],
+    interrupted: bool,
+    lag: list[float],
+    duration: float,
+    console: Console,
+    report: bool,
+) -> RunResult:
+    """After the load: summary.json, the manifest's end time, the gate, the final view and the report.
+
+    When the disk filled up, the run was stopped: what could be saved is, and one line says what was not.
+    """
     from repro.summary import summarize
 
+    full = writer.full
+    observe = manifest.observe or {}
     summary = summarize(
-        records, loop_lag_s=lag, duration_s=duration, interrupted=interrupted,
-        observe=config.observe.mode, raw_source=config.observe.source,
+        records, loop_lag_s=lag, duration_s=duration, interrupted=interrupted, lost=writer.lost,
+        stop_reason=None if full is None else f"the run stopped early: cannot write ({full.strerror or full})",
+        observe=observe.get("mode"), raw_source=observe.get("raw_source"),
     )
-    writer.write_summary(summary)
-    writer.write_manifest(manifest.model_copy(update={"ended_at": _utc_now()}))
+    try:
+        writer.write_summary(summary)
+        writer.write_manifest(manifest.model_copy(update={"ended_at": _utc_now()}))
+        saved = "summary.json written"
+    except OSError as err:
+        saved = f"summary.json not written ({err.strerror or err})"
+    if full is not None:
+        console.print(final_view(summary, run_dir))
+        kept = len(records) - writer.lost
+        lost = f", {writer.lost} finished sessions not saved" if writer.lost else ""
+        raise ReproError(
+            f"run stopped: cannot write to {run_dir}: {full.strerror or full}; "
+            f"{kept} sessions kept in sessions.jsonl{lost}; {saved}",
+            exit_code=EXIT_INTERRUPTED,
+        )
     exit_code = EXIT_INTERRUPTED if interrupted else EXIT_OK
     if options.max_corruption_rate is not None:
         summary, gate_code = _gate(run_dir, summary, options.max_corruption_rate, writer, console)
         exit_code = exit_code if interrupted else gate_code
     console.print(final_view(summary, run_dir))
     if report:
-        _report(run_dir, console)
+        with saving("report.html"):
+            _report(run_dir, console)
     return RunResult(path=run_dir, summary=summary, exit_code=exit_code)
 
 

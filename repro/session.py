@@ -20,13 +20,18 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import anyio
+
 from repro import sandbox
 from repro.client import MAX_TURN_BYTES, TurnResult, send_turn
-from repro.observe import ObservePlan, RenderError, finding_records, judge, parse_text, turn_request
+from repro.observe import Judgement, ObservePlan, RenderError, finding_records, judge, parse_text, turn_request
 from repro.rawtext import RawText
 from repro.records import SessionRecord, TurnRecord, corrupt_seen
 from repro.transport import Endpoint, HTTPClient
 from repro.workload import Workload
+
+_OFF_LOOP_BYTES = 1 << 16
+"""Replies this long or longer are judged off the event loop (about a millisecond of checking per 64 KB)."""
 
 RawKeeper = Callable[..., str]
 """(session id, turn index, bytes, suffix=…) → path of the kept bytes relative to the run directory."""
@@ -107,6 +112,23 @@ def _assistant_message(message: dict[str, Any], turn: int) -> tuple[dict[str, An
     if calls:
         history["tool_calls"] = calls
     return history, calls
+
+
+async def _judge(plan: ObservePlan, result: TurnResult, tools: Any, tool_choice: Any, rawtext: RawText | None) -> Judgement:
+    """The turn's verdicts; a long reply is judged in a worker thread, so the event loop goes on timing the
+    other sessions (their stall watchdogs, their chunk gaps) meanwhile.
+
+    A thread, not a process: the checker is linear and its C calls are short, so the loop gets the GIL back
+    every switch interval, and a thread spares pickling a reply of megabytes both ways. A short reply is
+    judged in place: a thread hop costs more than its verdict.
+    """
+    assert result.message is not None
+    verdicts = functools.partial(
+        judge, plan, result.message, finish_reason=result.finish_reason, tools=tools, tool_choice=tool_choice, rawtext=rawtext
+    )
+    if len(result.raw) < _OFF_LOOP_BYTES:
+        return verdicts()
+    return await anyio.to_thread.run_sync(verdicts, abandon_on_cancel=True)
 
 
 class Session:
@@ -197,10 +219,7 @@ class Session:
                 self.error = f"session budget of {config.timeout:g}s used up during turn {index}"
             self._add(record, result)
             return False
-        judgement = judge(
-            config.observe, result.message, finish_reason=result.finish_reason, tools=config.tools,
-            tool_choice=workload.tool_choice, rawtext=rawtext,
-        )
+        judgement = await _judge(config.observe, result, config.tools, workload.tool_choice, rawtext)
         record.verdict = judgement.verdict
         record.parsed_verdict = judgement.parsed.label
         record.findings = finding_records(judgement.parsed)

@@ -42,6 +42,8 @@ def summarize(
     loop_lag_s: Sequence[float] = (),
     duration_s: float = 0.0,
     interrupted: bool = False,
+    stop_reason: str | None = None,  # why an interrupted run stopped, when no signal stopped it (a full disk)
+    lost: int = 0,  # finished sessions that could not be written to sessions.jsonl
     min_completed: int = MIN_COMPLETED,
     observe: str | None = None,
     raw_source: str | None = None,
@@ -54,7 +56,9 @@ def summarize(
     verdict = assess_inconclusive(clean, corrupt, timeout, error, min_completed=min_completed)
     reasons = list(verdict.reasons)
     if interrupted:
-        reasons.append(f"the run was interrupted ({tally.interrupted} sessions in flight)")
+        reasons.append(f"{stop_reason or 'the run was interrupted'} ({tally.interrupted} sessions in flight)")
+    if lost:
+        reasons.append(f"{lost} finished sessions could not be written to sessions.jsonl")
     turns = [turn for session in sessions for turn in session.turns]
     turn_counts: Counter[str] = Counter()
     for turn in turns:
@@ -67,7 +71,7 @@ def summarize(
         worst_case=rate(worst, corrupt + timeout, completed + timeout),
         best_case=rate(best, corrupt, completed + timeout),
         suspect_sessions=tally.suspect,
-        inconclusive=verdict.inconclusive or interrupted,
+        inconclusive=verdict.inconclusive or interrupted or bool(lost),
         inconclusive_reasons=reasons,
         turns=len(turns),
         turn_counts=dict(turn_counts),

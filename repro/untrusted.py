@@ -31,27 +31,25 @@ def parse_json(data: str | bytes | bytearray) -> Any:
     try:
         value = json.loads(data)
     except RecursionError:
-        raise NestingError(f"JSON nested deeper than Python can parse (limit {MAX_DEPTH})") from None
+        raise NestingError(f"JSON nested deeper than {MAX_DEPTH} levels") from None
     # Counting brackets is C-fast and bounds the depth; walking the value is only needed past the bound.
     opening = (b"[", b"{") if isinstance(data, (bytes, bytearray)) else ("[", "{")
-    if sum(data.count(bracket) for bracket in opening) > MAX_DEPTH and _too_deep(value):  # type: ignore[arg-type]
+    if sum(data.count(bracket) for bracket in opening) > MAX_DEPTH and json_depth(value) > MAX_DEPTH:  # type: ignore[arg-type]
         raise NestingError(f"JSON nested deeper than {MAX_DEPTH} levels")
     return value
 
 
-def _too_deep(value: Any) -> bool:
-    """Whether `value` nests containers deeper than MAX_DEPTH; iterative, so it cannot overflow itself."""
-    stack: list[tuple[Any, int]] = [(value, 0)]
+def json_depth(value: Any) -> int:
+    """How deeply lists and objects nest in `value` (0 for a scalar), counted without recursion."""
+    if not isinstance(value, (dict, list)):
+        return 0
+    deepest, stack = 0, [(value, 1)]
     while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict):
-            item = item.values()
-        elif not isinstance(item, list):
-            continue
-        if depth >= MAX_DEPTH:
-            return True
-        stack.extend((child, depth + 1) for child in item if isinstance(child, (dict, list)))
-    return False
+        item, level = stack.pop()
+        children = item.values() if isinstance(item, dict) else item
+        deepest = max(deepest, level)
+        stack.extend((child, level + 1) for child in children if isinstance(child, (dict, list)))
+    return deepest
 
 
 def scrub_surrogates(text: str) -> str:

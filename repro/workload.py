@@ -13,10 +13,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from repro.errors import UsageError, describe_validation_error, describe_yaml_error, yaml_lines
+from repro.errors import UsageError, describe_validation_error, load_yaml, yaml_lines
 
 DEFAULT_WORKLOAD = "agentic_coding.yaml"
 ToolKind = Literal["read_file", "grep", "list_dir", "edit_file", "run_tests", "finish", "echo"]
@@ -116,10 +115,7 @@ class LoadedWorkload:
 
 def parse_workload(text: str, *, source: str) -> Workload:
     """Validate workload YAML; a UsageError names the file, line and field of the first problem."""
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise UsageError(describe_yaml_error(err, source=source)) from None
+    data = load_yaml(text, source=source)
     if not isinstance(data, dict):
         raise UsageError(f"{source}: a workload must be a YAML mapping")
     try:

@@ -7,7 +7,9 @@ One process serves every behaviour; the first path segment picks it, so a test's
 - `slow:SECONDS`: like good, with SECONDS between chunks (5 chunks a turn): for session-budget timeouts.
 - `leak`: the first turn leaks DSML markup into content with finish_reason stop; later turns are good.
 - `stall`: the second turn sends one chunk and then nothing, ever.
+- `huge:CHARS`: one final answer of CHARS characters of degenerate markup (`<|` repeated), 64 KB a chunk.
 - `http500`: every completion is an HTTP 500.
+- `echokey`: every completion is an HTTP 401 whose message repeats the request's Authorization header.
 - `malformed`: the stream carries an event that is not JSON.
 - `reset`: the stream is cut (connection closed) after one chunk.
 - `nomodels`: `/v1/models` lists nothing.
@@ -25,6 +27,7 @@ connection is routed by its first request, so keep one mode per client connectio
 - `surrogate`: the first turn leaks DSML holding lone surrogates (`\ud800`), in its id too.
 - `comments`: an endless stream of SSE comments, as fast as the client reads.
 - `huge-loop`: the first turn's tool-call arguments are a 2 MB repetition loop (never closed).
+- `endless-side`: good completions, but `/server_info` and `/metrics` answer an endless body.
 - `raw-malformed`, `raw-reset`: as `malformed` and `reset` (the reset is a TCP RST).
 - `chaos`: each session gets `CHAOS[session % len(CHAOS)]`, the session read from its task's ticket
   (`REPRO-<seed>-<session>`), so a test knows which session met which fault.
@@ -76,6 +79,11 @@ LEAK = (
 )
 
 
+def huge_reply(chars: int) -> str:
+    """What `huge:CHARS` answers: a "<" and a bar again and again, each a special-token candidate to judge."""
+    return "<|" * (chars // 2)
+
+
 def _example(schema: dict[str, Any]) -> Any:
     kind = schema.get("type")
     return {"string": "src/app.py", "integer": 1, "number": 1.0, "boolean": True, "array": [], "object": {}}.get(
@@ -123,6 +131,12 @@ def _plan(body: dict[str, Any], mode: str) -> tuple[list[bytes], str, dict[str, 
         chunks += [_chunk(cid, {"content": part}) for part in parts]
         chunks += [_chunk(cid, {}, "stop"), _usage(cid, prompt)]
         return chunks, cid, {"message": {"role": "assistant", "content": LEAK}, "finish_reason": "stop"}
+    if mode.startswith("huge:"):
+        text = huge_reply(int(mode.split(":", 1)[1]))
+        chunks = [_chunk(cid, {"role": "assistant", "content": ""})]
+        chunks += [_chunk(cid, {"content": text[i : i + 65536]}) for i in range(0, len(text), 65536)]
+        chunks += [_chunk(cid, {}, "stop"), _usage(cid, prompt)]
+        return chunks, cid, {"message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
     if turn >= FINAL_AFTER or not tools:
         chunks = [
             _chunk(cid, {"role": "assistant", "content": "All done: "}),
@@ -307,6 +321,9 @@ async def completions(request: Request) -> Response:
         return _raw_chat(body, mode)
     if mode == "http500":
         return JSONResponse({"error": {"message": "internal failure (on purpose)"}}, status_code=500)
+    if mode == "echokey":
+        offered = request.headers.get("authorization", "")
+        return JSONResponse({"error": {"message": f"invalid credentials: {offered}"}}, status_code=401)
     chunks, cid, whole = _plan(body, mode)
     turn = sum(1 for m in body.get("messages", []) if m.get("role") == "assistant")
     if not body.get("stream"):
@@ -430,6 +447,14 @@ class RawFaults:
                 {"object": "list", "data": [{"id": MODEL, "object": "model"}]}).encode()
             writer.write(_json_response(listing))
             return True
+        if mode == "endless-side" and path.endswith(("/server_info", "/metrics")):
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ntransfer-encoding: chunked\r\n\r\n")
+            piece = _frame(b"# " + b"x" * 65536 + b"\n")
+            for _ in range(2**40 // len(piece)):
+                writer.write(piece)
+                await writer.drain()
+                await asyncio.sleep(0.001)
+            return False
         if not (method == "POST" and path.endswith("/chat/completions")):
             writer.write(_json_response(b'{"detail": "Not Found"}', "404 Not Found"))
             return True
@@ -483,12 +508,12 @@ class RawFaults:
             writer.transport.abort()
             return False
         if mode == "raw-malformed":
-            chunks = [b'data: {"id": "broken", "choices": [\n\n']
+            chunks = [chunks[0], b'data: {"id": "broken", "choices": [\n\n']
         writer.write(b"".join(_frame(chunk) for chunk in chunks[1:]) + _frame(b"data: [DONE]\n\n") + b"0\r\n\r\n")
         return True
 
 
-RAW_MODES = (frozenset(CHAOS) | {"chaos", "deep-models"}) - {"good"}
+RAW_MODES = (frozenset(CHAOS) | {"chaos", "deep-models", "endless-side"}) - {"good"}
 
 
 app = Starlette(

@@ -24,19 +24,24 @@ def statuses(result) -> dict[str, str]:
     return {c.name: c.status for c in result.checks}
 
 
+def check(result, name: str):
+    return next(c for c in result.checks if c.name == name)
+
+
 def test_clean_run_under_the_limit_passes(tmp_path: Path) -> None:
     result = evaluate(make_run(tmp_path / "r", clean=60), max_corruption_rate=0.1)
-    assert result.exit_code == 0 and statuses(result) == {"evidence": "pass", "corruption-rate": "pass"}
-    line = result.checks[1].line
+    assert result.exit_code == 0
+    assert statuses(result) == {"finished": "pass", "evidence": "pass", "corruption-rate": "pass"}
+    line = check(result, "corruption-rate").line
     assert line.startswith("corruption-rate: PASS: 0 of 60 completed sessions corrupt (0%)")
     assert "below 4.87% (95% upper bound), under the 10% allowed" in line
-    assert result.checks[1].numbers["upper"] == pytest.approx(1 - 0.05 ** (1 / 60))
+    assert check(result, "corruption-rate").numbers["upper"] == pytest.approx(1 - 0.05 ** (1 / 60))
 
 
 def test_rate_shown_above_the_limit_fails(tmp_path: Path) -> None:
     result = evaluate(make_run(tmp_path / "r", clean=49, corrupt=11), max_corruption_rate=0.05)
     assert result.exit_code == 1
-    rate = result.checks[1]
+    rate = check(result, "corruption-rate")
     assert rate.status == "fail" and rate.numbers["lower"] > 0.05
     assert "11 of 60 completed sessions corrupt (18%)" in rate.line
 
@@ -44,18 +49,18 @@ def test_rate_shown_above_the_limit_fails(tmp_path: Path) -> None:
 def test_evidence_of_corruption_wins_over_a_thin_run(tmp_path: Path) -> None:
     # Too few completed and many timeouts, but 6 of 8 corrupt is proof enough that the rate exceeds 5%.
     result = evaluate(make_run(tmp_path / "r", clean=2, corrupt=6, timeout=10), max_corruption_rate=0.05)
-    assert statuses(result) == {"evidence": "inconclusive", "corruption-rate": "fail"}
+    assert statuses(result) == {"finished": "pass", "evidence": "inconclusive", "corruption-rate": "fail"}
     assert result.exit_code == 1
 
 
 def test_mostly_timeouts_is_inconclusive_never_a_pass(tmp_path: Path) -> None:
     result = evaluate(make_run(tmp_path / "r", clean=26, timeout=34), max_corruption_rate=0.2)
     assert result.exit_code == 125
-    assert result.checks[0].status == "inconclusive"
-    assert "34 of 60 sessions (57%) timed out (limit 20%)" in result.checks[0].line
+    assert check(result, "evidence").status == "inconclusive"
+    assert "34 of 60 sessions (57%) timed out (limit 20%)" in check(result, "evidence").line
     # Even with a loose timeout limit: counted as corrupt, the 34 timeouts would break the 20% limit.
     looser = evaluate(tmp_path / "r", max_corruption_rate=0.2, max_timeout_rate=0.6)
-    assert looser.exit_code == 125 and "disagree about the 20% threshold" in looser.checks[0].line
+    assert looser.exit_code == 125 and "disagree about the 20% threshold" in check(looser, "evidence").line
 
 
 def test_timeout_limit_is_configurable(tmp_path: Path) -> None:
@@ -67,13 +72,14 @@ def test_timeout_limit_is_configurable(tmp_path: Path) -> None:
 def test_between_the_bounds_asks_for_more_sessions(tmp_path: Path) -> None:
     result = evaluate(make_run(tmp_path / "r", clean=58, corrupt=2), max_corruption_rate=0.05)
     assert result.exit_code == 125
-    assert result.checks[1].status == "inconclusive" and result.checks[1].line.endswith("run more sessions")
+    rate = check(result, "corruption-rate")
+    assert rate.status == "inconclusive" and rate.line.endswith("run more sessions")
 
 
 def test_too_few_completed_is_inconclusive(tmp_path: Path) -> None:
     result = evaluate(make_run(tmp_path / "r", clean=12), max_corruption_rate=0.5, min_completed=20)
     assert result.exit_code == 125
-    assert "only 12 of 12 sessions completed (minimum 20)" in result.checks[0].line
+    assert "only 12 of 12 sessions completed (minimum 20)" in check(result, "evidence").line
 
 
 def test_zero_tolerance_passes_on_none_and_fails_on_one(tmp_path: Path) -> None:
@@ -86,10 +92,10 @@ def test_baseline_increase_fails_even_under_a_loose_limit(tmp_path: Path) -> Non
     worse = make_run(tmp_path / "worse", name="pr", clean=49, corrupt=11)
     same = make_run(tmp_path / "same", name="pr2", clean=59, corrupt=1)
     result = evaluate(worse, max_corruption_rate=0.5, baseline=base)
-    assert statuses(result) == {"evidence": "pass", "corruption-rate": "pass", "baseline": "fail"}
+    assert statuses(result) == {"finished": "pass", "evidence": "pass", "corruption-rate": "pass", "baseline": "fail"}
     assert result.exit_code == 1
-    assert result.checks[2].numbers["p_boschloo"] < 0.001
-    assert "11/60 (18%) vs 0/60 (0%) in baseline 'main'" in result.checks[2].line
+    assert check(result, "baseline").numbers["p_boschloo"] < 0.001
+    assert "11/60 (18%) vs 0/60 (0%) in baseline 'main'" in check(result, "baseline").line
     assert evaluate(same, max_corruption_rate=0.5, baseline=base).exit_code == 0
 
 
@@ -116,10 +122,10 @@ def test_cli_gate_prints_one_line_per_check_and_exits_with_the_code(tmp_path: Pa
     )
     assert done.returncode == 125, done.stderr
     lines = done.stdout.splitlines()
-    assert [line.split(":")[0] for line in lines] == ["evidence", "corruption-rate", "gate"]
+    assert [line.split(":")[0] for line in lines] == ["finished", "evidence", "corruption-rate", "gate"]
     assert lines[-1] == "gate: INCONCLUSIVE (exit 125)"
     suite = ET.parse(tmp_path / "gate.xml").getroot().find("testsuite")
-    assert suite is not None and suite.get("tests") == "2" and suite.get("skipped") == "2"
+    assert suite is not None and suite.get("tests") == "3" and suite.get("skipped") == "2"
 
 
 def test_cli_gate_bad_input_exits_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -14,7 +14,7 @@ from typing import Any, Iterator
 import pytest
 from rich.console import Console
 
-from faulty_servers import start_faulty_server
+from faulty_servers import CHAOS, start_faulty_server
 from repro import sandbox
 from repro.errors import UsageError
 from repro.records import FindingRecord, Manifest, SessionRecord, TurnRecord
@@ -74,7 +74,7 @@ def test_deeply_nested_arguments_make_a_corrupt_turn_and_the_session_goes_on(fau
 
 
 def test_deeply_nested_extra_body_is_a_usage_error() -> None:
-    with pytest.raises(UsageError, match="extra_body.*nested deeper"):
+    with pytest.raises(UsageError, match="extra_body: nested deeper than 64"):
         RunOptions.parse({"extra_body": '{"a":' * 5000 + "1" + "}" * 5000})
 
 
@@ -99,6 +99,17 @@ def test_lone_surrogates_are_stored_as_replacement_characters_and_the_report_is_
     assert b"\\ud800" in raw  # the raw file keeps the server's exact escape
     report = (result.path / "report.html").read_text(encoding="utf-8")
     assert "</html>" in report and "src/\ufffd.py" in report
+
+
+def test_records_with_lone_surrogates_serialise_anywhere_they_hide() -> None:
+    lone = json.loads('"a\\ud800b"')
+    manifest = Manifest(name=lone, run_id="r", command=["repro", "\udcff"], options={lone: {lone: [lone]}},
+                        workload={}, target={}, started_at="t")
+    assert Manifest.model_validate_json(manifest.model_dump_json(indent=2)).options == {"a\ufffdb": {"a\ufffdb": ["a\ufffdb"]}}
+    turn = TurnRecord(index=0, status="ok", start_s=0.0)
+    turn.tool_calls, turn.error = [lone], lone  # assigned after construction, as the session loop does
+    assert json.loads(turn.model_dump_json())["tool_calls"] == ["a\ufffdb"]
+    assert turn.model_dump()["error"] == lone  # Python-side dumps are untouched
 
 
 def test_non_utf8_argv_reaches_the_manifest(faulty: str, tmp_path: Path) -> None:
@@ -187,3 +198,57 @@ def test_a_report_reads_a_deeply_nested_raw_file_and_shows_it_escaped(tmp_path: 
     render_report([run_dir], tmp_path / "report.html")
     html = (tmp_path / "report.html").read_text(encoding="utf-8")
     assert "data: [[[[" in html and "&lt;b&gt;&amp;amp;&lt;/b&gt;" in html
+
+
+EXPECTED = {
+    # fault: (outcome, what the session's error or first turn must say)
+    "good": ("clean", None),
+    "deep": ("error", "malformed stream: event is not JSON (JSON nested deeper"),
+    "deep-args": ("corrupt", "args-not-object"),
+    "surrogate": ("corrupt", "sentinel"),
+    "comments": ("error", "response exceeded 4000000 bytes; reading stopped there"),
+    "early-hints": ("clean", None),
+    "redirect": ("error", "HTTP 307 redirect to '/good/v1/chat/completions' (not followed)"),
+    "drip-headers": ("error", "headers not complete after 3s"),
+    "huge-loop": ("corrupt", "args-not-object"),
+    "raw-malformed": ("error", "malformed stream: event is not JSON"),
+    "raw-reset": ("error", "connection "),
+}
+
+
+def test_chaos_a_whole_run_against_every_fault_at_once_ends_whole(faulty: str, tmp_path: Path) -> None:
+    assert set(EXPECTED) == set(CHAOS)
+    sessions = 2 * len(CHAOS)
+    out = tmp_path / "chaos"
+    done = repro_cli(
+        "run", "--base-url", f"{faulty}/chaos/v1", "--sessions", str(sessions), "--out", str(out),
+        "--stall-timeout", "3", "--turn-timeout", "30", "--timeout", "90", "--max-turn-bytes", "4000000",
+        timeout=300,
+    )
+    err = done.stderr.decode(errors="replace")
+    assert done.returncode in (0, 1, 125) and "Traceback" not in err, err
+    run_dir = load_run(out)
+    assert run_dir.summary is not None and run_dir.summary.sessions == sessions
+    assert sorted(s.session_id for s in run_dir.sessions) == list(range(sessions))
+    for session in run_dir.sessions:
+        fault = CHAOS[session.session_id % len(CHAOS)]
+        outcome, words = EXPECTED[fault]
+        assert session.outcome == outcome, (fault, session.outcome, session.error)
+        if outcome == "error":
+            assert session.error is not None and session.error.startswith(words), (fault, session.error)
+            turn = session.turns[-1]
+            assert turn.raw_path is not None and (out / turn.raw_path).exists()
+        elif outcome == "corrupt":
+            assert words in session.rules, (fault, session.rules)
+            assert session.finished and len(session.turns) > 1  # the session went on after the bad turn
+    comments = [s for s in run_dir.sessions if CHAOS[s.session_id % len(CHAOS)] == "comments"]
+    assert all(s.turns[0].truncated_at == 4_000_000 for s in comments)
+    report = (out / "report.html").read_text(encoding="utf-8")
+    assert "</html>" in report and "more bytes of this span" in report
+    assert len(report) < 2_000_000  # two 2 MB loops, shown as bounded excerpts
+
+
+def test_endless_server_info_and_metrics_neither_hang_nor_fill_the_run(faulty: str, tmp_path: Path) -> None:
+    result, _ = run(tmp_path / "run", base_url=f"{faulty}/endless-side/v1", sessions=2)
+    assert result.exit_code == 0 and [s.outcome for s in load_run(result.path).sessions] == ["clean", "clean"]
+    assert load_run(result.path).manifest.server_info is None and not (result.path / "metrics.csv").exists()

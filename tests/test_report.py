@@ -163,8 +163,9 @@ def test_gate_stored_by_repro_run_shows_in_html_and_junit(tmp_path: Path) -> Non
     suite = ET.parse(tmp_path / "j.xml").getroot().find("testsuite")
     assert suite is not None
     names = [(case.get("classname"), case.get("name")) for case in suite.iter("testcase")]
-    assert names == [("repro.run", "gated"), ("repro.gate.gated", "evidence"), ("repro.gate.gated", "corruption-rate")]
-    rate = suite.findall("testcase")[2]
+    assert names == [("repro.run", "gated"), ("repro.gate.gated", "finished"), ("repro.gate.gated", "evidence"),
+                     ("repro.gate.gated", "corruption-rate")]
+    rate = suite.findall("testcase")[3]
     assert rate.find("skipped") is not None
     assert {p.get("name"): p.get("value") for p in rate.iter("property")}["k"] == "2"
 

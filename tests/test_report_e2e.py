@@ -45,5 +45,5 @@ def test_run_then_report_and_gate(tmp_path: Path, capsys: pytest.CaptureFixture[
 
     code, out, _ = run_main(capsys, "gate", str(run), "--max-corruption-rate", "0", "--min-completed", "10")
     lines = out.splitlines()
-    assert [line.split(":")[0] for line in lines] == ["evidence", "corruption-rate", "gate"]
+    assert [line.split(":")[0] for line in lines] == ["finished", "evidence", "corruption-rate", "gate"]
     assert code == (1 if corrupt else 0 if completed >= 10 and summary["counts"]["timeout"] == 0 else 125)

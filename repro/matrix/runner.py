@@ -145,7 +145,12 @@ class MatrixRunner:
         if resume:
             if not plan_file.exists():
                 raise UsageError(f"--resume {self.path}: not a matrix directory (no {PLAN})")
-            recorded = json.loads(plan_file.read_text(encoding="utf-8"))
+            try:
+                recorded = json.loads(plan_file.read_text(encoding="utf-8"))
+            except (OSError, UnicodeDecodeError, ValueError, RecursionError) as err:
+                raise UsageError(f"--resume {self.path}: {PLAN} is damaged ({type(err).__name__})") from None
+            if not isinstance(recorded, dict):
+                raise UsageError(f"--resume {self.path}: {PLAN} is damaged (not a JSON object)")
             if recorded.get("fingerprint") != _fingerprint(self.spec):
                 raise UsageError(
                     f"--resume {self.path}: the spec or its variables changed since this matrix started; "

@@ -17,7 +17,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from repro.errors import UsageError, describe_validation_error, describe_yaml_error, yaml_lines
+from repro.errors import UniqueKeyLoader, UsageError, describe_validation_error, load_yaml, yaml_lines
 
 BUILTIN_VARIABLES = ("python", "flags", "cell", "replicate", "run_seed", "log_dir")
 """Set by the harness per cell: the Python running repro, the cell's shell-quoted flags, the cell name,
@@ -327,9 +327,9 @@ class MatrixSpec(_Model):
         return self.factors[factor].label or factor
 
 
-class SpecLoader(yaml.SafeLoader):
+class SpecLoader(UniqueKeyLoader):
     """YAML 1.2 booleans: only true/false. Under YAML 1.1 a level named `off` or `on` would silently
-    become a boolean key."""
+    become a boolean key. A key given twice is an error."""
 
 
 SpecLoader.yaml_implicit_resolvers = {
@@ -359,11 +359,10 @@ def load_spec(path: Path | str, overrides: dict[str, str] | None = None) -> Matr
         text = source.read_text(encoding="utf-8")
     except OSError as err:
         raise UsageError(f"{source}: cannot read matrix spec: {err.strerror or err}") from None
-    try:
-        data = yaml.load(text, Loader=SpecLoader)  # noqa: S506 - a SafeLoader subclass
-        lines = yaml_lines(text, SpecLoader)
-    except yaml.YAMLError as err:
-        raise UsageError(describe_yaml_error(err, source=str(source))) from None
+    except UnicodeDecodeError:
+        raise UsageError(f"{source}: not UTF-8 text") from None
+    data = load_yaml(text, source=str(source), loader=SpecLoader)
+    lines = yaml_lines(text, SpecLoader)
     if not isinstance(data, dict):
         raise UsageError(f"{source}: a matrix spec is a YAML mapping (name, factors, deployment, load, design)")
     try:

@@ -68,6 +68,11 @@ def render_report(
     """Write the HTML report of one or more runs to `output` (and the Markdown and JUnit files when asked)."""
     if not run_dirs:
         raise UsageError("report: give at least one run directory")
+    from repro.store import check_output
+
+    for option, path in (("--output", output), ("--markdown", markdown), ("--junit", junit)):
+        if path is not None:
+            check_output(path, run_dirs, option)
     model = build_model([Path(p) for p in run_dirs], confidence=confidence)
     _write(output, render_html(model, _plots(model)), "--output")
     markdown_text = render_markdown(model)

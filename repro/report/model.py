@@ -276,7 +276,7 @@ def read_metrics(run_dir: Path) -> tuple[pd.DataFrame | None, str | None]:
 
     try:
         frame = pd.read_csv(file, dtype={"metric": str, "labels": str}, keep_default_na=False)
-    except (ValueError, pd.errors.ParserError, UnicodeDecodeError) as err:
+    except (ValueError, pd.errors.ParserError, UnicodeDecodeError, OSError) as err:
         return None, f"{METRICS} could not be read ({type(err).__name__}); server metrics are not shown"
     # `repro run` names the time column elapsed_s; t_s is the name in the issue.
     frame = frame.rename(columns={"elapsed_s": "t_s"})
