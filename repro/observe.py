@@ -20,8 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
-from dsml_checker import Verdict, check, check_raw, encode_messages
+from dsml_checker import Verdict, check, encode_messages
 from dsml_checker.server_parsers import DEFAULT_PARSER, parse_as
+from dsml_checker.verdicts import judge_turn
 from repro.rawtext import RawCollector, RawSource, RawText, collector
 from repro.records import FindingRecord, TurnVerdict
 from repro.untrusted import parse_json
@@ -37,10 +38,6 @@ LOGPROB_FIELDS: dict[str, Any] = {"logprobs": True, "top_logprobs": 0}
 KEEP_SPECIAL: dict[str, Any] = {"skip_special_tokens": False, "no_stop_trim": True}
 """SGLang's switches that keep `</think>` and the end of sentence in a raw-text endpoint's output."""
 
-CROSS_RULES = frozenset({"call-lost", "param-lost"})
-"""The checker's rules that compare the parsed message with the raw text: evidence an agent could not see."""
-
-_RANK = {"clean": 0, "suspect": 1, "corrupt": 2}
 
 
 @dataclass(frozen=True)
@@ -185,16 +182,12 @@ def judge(
     rawtext: RawText | None,
 ) -> Judgement:
     """Both verdicts of a turn and how they combine under the plan's mode (module docstring)."""
-    text = rawtext.text if rawtext is not None and rawtext.complete else None
-    seen = check(message, finish_reason=finish_reason, tools=tools, tool_choice=tool_choice, raw=text)
-    if text is None:
-        return Judgement(seen.label, seen, None)
-    parsed = Verdict.of(tuple(f for f in seen.findings if f.rule not in CROSS_RULES))
-    lost = Verdict.of(tuple(f for f in seen.findings if f.rule in CROSS_RULES))
-    raw = check_raw(text, tools=tools, tool_choice=tool_choice, finish_reason=finish_reason, fmt=plan.fmt)
-    if plan.mode == "raw":
-        return Judgement(raw.label, parsed, raw, lost)
-    return Judgement(max(parsed.label, raw.label, lost.label, key=_RANK.__getitem__), parsed, raw, lost)
+    if rawtext is None or not rawtext.complete:
+        parsed = check(message, finish_reason=finish_reason, tools=tools, tool_choice=tool_choice)
+        return Judgement(parsed.label, parsed, None)
+    verdicts = judge_turn(message, rawtext.text, finish_reason=finish_reason, tools=tools, tool_choice=tool_choice, fmt=plan.fmt)
+    label = verdicts.raw.label if plan.mode == "raw" else verdicts.label
+    return Judgement(label, verdicts.parsed, verdicts.raw, verdicts.lost)
 
 
 def finding_records(verdict: Verdict) -> list[FindingRecord]:

@@ -363,8 +363,8 @@ async def _drive(
         if writer.full is not None:
             disk_full.set()
 
-    def keep_raw(session_id: int, turn: int, data: bytes) -> str | None:
-        path = writer.write_raw(session_id, turn, data)
+    def keep_raw(session_id: int, turn: int, data: bytes, *, suffix: str = "sse") -> str | None:
+        path = writer.write_raw(session_id, turn, data, suffix=suffix)
         if writer.full is not None:
             disk_full.set()
         return path
