@@ -33,7 +33,7 @@ from repro.workload import Workload
 _OFF_LOOP_BYTES = 1 << 16
 """Replies this long or longer are judged off the event loop (about a millisecond of checking per 64 KB)."""
 
-RawKeeper = Callable[..., "str | None"]
+RawKeeper = Callable[..., str | None]
 """(session id, turn index, bytes, suffix=…) → path of the kept bytes relative to the run directory."""
 RAW_TEXT_SUFFIX = "txt"
 
