@@ -47,11 +47,19 @@ class TurnVerdicts:
 
 
 def judge_turn(
-    message: Any, raw: str, *, finish_reason: str | None = None, tools: Any = None, tool_choice: Any = None, fmt: str = "v4"
+    message: Any,
+    raw: str,
+    *,
+    finish_reason: str | None = None,
+    tools: Any = None,
+    tool_choice: Any = None,
+    fmt: str = "v4",
 ) -> TurnVerdicts:
     """The three verdicts of one turn (module docstring); any message or text is judged, never raised on
     (ValueError only for an unknown `fmt`)."""
     seen = check(message, finish_reason=finish_reason, tools=tools, tool_choice=tool_choice, raw=raw)
     parsed = Verdict.of(tuple(f for f in seen.findings if f.rule not in CROSS_RULES))
     lost = Verdict.of(tuple(f for f in seen.findings if f.rule in CROSS_RULES))
-    return TurnVerdicts(parsed, check_raw(raw, tools=tools, tool_choice=tool_choice, finish_reason=finish_reason, fmt=fmt), lost)
+    return TurnVerdicts(
+        parsed, check_raw(raw, tools=tools, tool_choice=tool_choice, finish_reason=finish_reason, fmt=fmt), lost
+    )

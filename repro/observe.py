@@ -9,16 +9,16 @@
   the raw-text endpoint; the tool calls are parsed client-side by an emulation of a real server's
   parser (`dsml_checker.server_parsers.parse_as`), and the session goes on with those.
 
-`judge` gives each turn its verdicts: on the parsed message (what an agent saw, so the same as in
-`parsed` mode), on the raw text (what the model emitted), what the parse lost of the raw text (the
-checker's `call-lost` and `param-lost`: parser damage no agent sees), and the combined one the run
-counts (`raw` mode: the raw verdict; `both`: the worst of the three). Pure: no I/O.
+`judge` gives each turn its verdicts (`dsml_checker.verdicts.judge_turn`): on the parsed message (what
+an agent saw, so the same as in `parsed` mode), on the raw text (what the model emitted), on what the
+parse lost of the raw text (parser damage no agent sees), and the combined one the run counts (`raw`
+mode: the raw verdict; `both`: the worst of the three). Pure: no I/O.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Any, Literal
 
 from dsml_checker import Verdict, check, encode_messages
 from dsml_checker.server_parsers import DEFAULT_PARSER, parse_as
@@ -28,16 +28,13 @@ from repro.records import FindingRecord, TurnVerdict
 from repro.untrusted import parse_json
 
 ObserveMode = Literal["raw", "parsed", "both"]
-OBSERVE_MODES: tuple[ObserveMode, ...] = get_args(ObserveMode)
 RawEndpoint = Literal["completions", "generate"]
-RAW_ENDPOINTS: tuple[RawEndpoint, ...] = get_args(RawEndpoint)
 
 LOGPROB_FIELDS: dict[str, Any] = {"logprobs": True, "top_logprobs": 0}
 """What raw mode adds to a chat request: every generated token's string, no alternatives."""
 
 KEEP_SPECIAL: dict[str, Any] = {"skip_special_tokens": False, "no_stop_trim": True}
 """SGLang's switches that keep `</think>` and the end of sentence in a raw-text endpoint's output."""
-
 
 
 @dataclass(frozen=True)
@@ -62,12 +59,12 @@ class ObservePlan:
 
     def describe(self) -> dict[str, Any]:
         """The manifest's account of the plan: which mode ran, with which raw source, judged on what."""
-        if self.source is None:
-            parsed_on = "the server's parsed message"
+        parsed_on, request = "the server's parsed message", "the production chat request, unchanged"
+        if self.source == "logprobs":
+            request = "the production chat request with logprobs: true, top_logprobs: 0"
         elif self.text_endpoint:
             parsed_on = f"a client-side emulation of the {self.client_parser} parser over the {self.source} text"
-        else:
-            parsed_on = "the server's parsed message"
+            request = f"{self.source} request with the prompt rendered client-side (DeepSeek encoder, {self.fmt})"
         return {
             "mode": self.mode,
             "raw_source": self.source,
@@ -75,11 +72,7 @@ class ObservePlan:
             "client_parser": self.client_parser if self.text_endpoint else None,
             "fmt": self.fmt,
             "parsed_verdict_on": parsed_on,
-            "request": (
-                "the production chat request, unchanged" if self.source is None
-                else "chat request with logprobs: true, top_logprobs: 0" if self.source == "logprobs"
-                else f"{self.source} request with the prompt rendered client-side (DeepSeek encoder, {self.fmt})"
-            ),
+            "request": request,
         }
 
 
@@ -151,7 +144,11 @@ def parse_text(
 ) -> tuple[dict[str, Any], str | None]:
     """A raw-text endpoint's text as the message and finish reason the emulated server would have returned."""
     parsed = parse_as(
-        plan.client_parser or DEFAULT_PARSER, text, tools=tools, tool_choice=tool_choice, fmt=plan.fmt,
+        plan.client_parser or DEFAULT_PARSER,
+        text,
+        tools=tools,
+        tool_choice=tool_choice,
+        fmt=plan.fmt,
         finish_reason=finish_reason if finish_reason in ("stop", "length") else None,
     )
     message = parsed.message()
@@ -185,7 +182,9 @@ def judge(
     if rawtext is None or not rawtext.complete:
         parsed = check(message, finish_reason=finish_reason, tools=tools, tool_choice=tool_choice)
         return Judgement(parsed.label, parsed, None)
-    verdicts = judge_turn(message, rawtext.text, finish_reason=finish_reason, tools=tools, tool_choice=tool_choice, fmt=plan.fmt)
+    verdicts = judge_turn(
+        message, rawtext.text, finish_reason=finish_reason, tools=tools, tool_choice=tool_choice, fmt=plan.fmt
+    )
     label = verdicts.raw.label if plan.mode == "raw" else verdicts.label
     return Judgement(label, verdicts.parsed, verdicts.raw, verdicts.lost)
 

@@ -26,7 +26,7 @@ from repro.observe import (
     RawEndpoint,
     text_request,
 )
-from repro.rawtext import CompletionText, GenerateText, LogprobText
+from repro.rawtext import LogprobText, collector
 from repro.transport import Endpoint
 
 PROBE_TIMEOUT_S = 60.0
@@ -79,9 +79,14 @@ async def _probe_logprobs(request: ProbeRequest, client: Any) -> tuple[bool, str
     """Whether the chat endpoint's logprobs cover a tool-calling turn, and what was seen."""
     rawtext = LogprobText()
     result = await send_turn(
-        client, Endpoint.parse(f"{request.base_url}/chat/completions"), {**request.payload, **LOGPROB_FIELDS},
-        stream=request.stream, turn_timeout=request.timeout, stall_timeout=request.timeout,
-        headers=request.headers or None, rawtext=rawtext,
+        client,
+        Endpoint.parse(f"{request.base_url}/chat/completions"),
+        {**request.payload, **LOGPROB_FIELDS},
+        stream=request.stream,
+        turn_timeout=request.timeout,
+        stall_timeout=request.timeout,
+        headers=request.headers or None,
+        rawtext=rawtext,
     )
     if result.status != "ok":
         return False, f"{result.status}: {result.error}"
@@ -98,15 +103,20 @@ async def _probe_text(request: ProbeRequest, client: Any, endpoint: RawEndpoint)
     """Whether the raw-text endpoint answers a rendered prompt with text."""
     payload = {**request.payload, "max_tokens": PROBE_TEXT_TOKENS}
     body = text_request(endpoint, payload, fmt=request.fmt, thinking=request.thinking)
-    rawtext = CompletionText() if endpoint == "completions" else GenerateText()
+    rawtext = collector(endpoint)
     result = await send_turn(
-        client, Endpoint.parse(raw_url(request.base_url, endpoint)), body, stream=request.stream,
-        turn_timeout=request.timeout, stall_timeout=request.timeout, headers=request.headers or None,
+        client,
+        Endpoint.parse(raw_url(request.base_url, endpoint)),
+        body,
+        stream=request.stream,
+        turn_timeout=request.timeout,
+        stall_timeout=request.timeout,
+        headers=request.headers or None,
         rawtext=rawtext,
     )
     if result.status != "ok":
         return False, f"{result.status}: {result.error}"
-    return True, f"answers with text ({len(rawtext.text)} characters for {PROBE_TEXT_TOKENS} tokens)"
+    return True, f"answers with text ({len(rawtext.result(None).text)} characters for {PROBE_TEXT_TOKENS} tokens)"
 
 
 async def probe(request: ProbeRequest) -> ProbeResult:
@@ -120,13 +130,19 @@ async def probe(request: ProbeRequest) -> ProbeResult:
         if request.raw_endpoint is None:
             ok, findings["logprobs"] = await _probe_logprobs(request, client)
             if ok:
-                return ProbeResult(ObservePlan(mode, "logprobs", fmt=request.fmt, thinking=request.thinking), findings, [])
+                return ProbeResult(
+                    ObservePlan(mode, "logprobs", fmt=request.fmt, thinking=request.thinking), findings, []
+                )
         for endpoint in (request.raw_endpoint,) if request.raw_endpoint else ("completions", "generate"):
             ok, findings[endpoint] = await _probe_text(request, client, endpoint)
             if ok:
                 plan = ObservePlan(
-                    mode, endpoint, raw_url=raw_url(request.base_url, endpoint), client_parser=request.client_parser,
-                    fmt=request.fmt, thinking=request.thinking,
+                    mode,
+                    endpoint,
+                    raw_url=raw_url(request.base_url, endpoint),
+                    client_parser=request.client_parser,
+                    fmt=request.fmt,
+                    thinking=request.thinking,
                 )
                 return ProbeResult(plan, findings, [])
     # Server error texts may span lines; the message is one.

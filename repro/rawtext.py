@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 RawSource = Literal["logprobs", "completions", "generate"]
-RAW_SOURCES: tuple[RawSource, ...] = ("logprobs", "completions", "generate")
 
 SENTINEL = "｜DSML｜"
 """Every DSML tag carries it: a turn with tool calls whose rebuilt text lacks it lost the block's tokens."""

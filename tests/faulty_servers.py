@@ -234,7 +234,10 @@ def _raw_chat(body: dict[str, Any], base: str) -> Response:
             choice["logprobs"] = {"content": head + tail} if head_lp == {"content": head} else head_lp
         return JSONResponse({"id": cid, "object": "chat.completion", "model": MODEL, "choices": [choice], "usage": usage})
     # (delta, logprobs): the step's logprobs ride on its content chunk, the block's on a standalone empty delta.
-    steps: list[tuple[dict[str, Any], Any]] = [({"role": "assistant", "content": ""}, None), ({"content": message["content"]}, head_lp)]
+    steps: list[tuple[dict[str, Any], Any]] = [
+        ({"role": "assistant", "content": ""}, None),
+        ({"content": message["content"]}, head_lp),
+    ]
     if body.get("logprobs"):
         steps.append(({}, tail_lp))
     steps += [({"tool_calls": [{"index": i, **call}]}, None) for i, call in enumerate(message.get("tool_calls") or [])]

@@ -12,16 +12,16 @@ from typing import Any, Iterator
 
 import httpx
 import pytest
+from faulty_servers import ORPHAN_CLOSER, start_faulty_server
 from hypothesis import given
 from hypothesis import strategies as st
+from run_builders import make_run, run_main
 
-from faulty_servers import ORPHAN_CLOSER, start_faulty_server
 from dsml_checker import ToolCall, render_completion
 from repro.observe import ObservePlan, RenderError, judge, text_request
 from repro.rawtext import CompletionText, GenerateText, LogprobText, RawText
 from repro.records import FindingRecord, Manifest, ParserEffect, SessionRecord, TurnRecord, corrupt_seen
 from repro.store import RunWriter, load_run
-from run_builders import make_run, run_main
 
 PRODUCTION_KEYS = {"model", "messages", "tools", "tool_choice", "max_tokens", "temperature", "stream", "stream_options"}
 
@@ -36,7 +36,9 @@ def _entries(data: bytes, cuts: list[int]) -> list[dict[str, Any]]:
 
 
 @given(st.text(), st.lists(st.integers(min_value=0), max_size=20), st.integers(min_value=1, max_value=5))
-def test_logprob_bytes_rebuild_the_text_wherever_tokens_cut_characters(text: str, cuts: list[int], per_chunk: int) -> None:
+def test_logprob_bytes_rebuild_the_text_wherever_tokens_cut_characters(
+    text: str, cuts: list[int], per_chunk: int
+) -> None:
     text = text.encode("utf-8", "replace").decode("utf-8")  # a model's text has no lone surrogates
     entries = _entries(text.encode(), cuts)
     collector = LogprobText()
@@ -50,8 +52,18 @@ def test_logprob_bytes_rebuild_the_text_wherever_tokens_cut_characters(text: str
 
 def test_token_strings_are_used_when_an_entry_has_no_bytes() -> None:
     collector = LogprobText()
-    collector.add_body({"choices": [{"message": {}, "logprobs": {"content": [
-        {"token": "Hel", "bytes": [72, 101, 108]}, {"token": "lo", "bytes": None}]}}]})
+    collector.add_body(
+        {
+            "choices": [
+                {
+                    "message": {},
+                    "logprobs": {
+                        "content": [{"token": "Hel", "bytes": [72, 101, 108]}, {"token": "lo", "bytes": None}]
+                    },
+                }
+            ]
+        }
+    )
     assert collector.result({"content": "Hello"}).text == "Hello"
 
 
@@ -64,15 +76,22 @@ def test_token_strings_are_used_when_an_entry_has_no_bytes() -> None:
 )
 def test_missing_tokens_make_the_text_incomplete(usage: Any, message: dict[str, Any], gap: str) -> None:
     collector = LogprobText()
-    collector.add_chunk({"choices": [{"logprobs": {"content": [{"token": "a", "bytes": [97]}, {"token": "b", "bytes": [98]}]}}],
-                         **({"usage": usage} if usage else {})})
+    collector.add_chunk(
+        {
+            "choices": [{"logprobs": {"content": [{"token": "a", "bytes": [97]}, {"token": "b", "bytes": [98]}]}}],
+            **({"usage": usage} if usage else {}),
+        }
+    )
     raw = collector.result(message)
     assert not raw.complete and raw.gap is not None and raw.gap.startswith(gap)
 
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.text(max_size=5),
-    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.sampled_from(["token", "bytes", "content", "x"]), children, max_size=3),
+    lambda children: (
+        st.lists(children, max_size=3)
+        | st.dictionaries(st.sampled_from(["token", "bytes", "content", "x"]), children, max_size=3)
+    ),
     max_leaves=10,
 )
 
@@ -107,7 +126,11 @@ def test_completion_text_takes_deltas_finish_and_usage() -> None:
     collector.add_chunk({"id": "c1", "choices": [{"text": "", "finish_reason": "stop"}]})
     collector.add_chunk({"id": "c1", "choices": [], "usage": {"completion_tokens": 3}})
     assert (collector.result().text, collector.finish_reason, collector.usage, collector.problem()) == (
-        "Plan.</think>Hi", "stop", {"completion_tokens": 3}, None)
+        "Plan.</think>Hi",
+        "stop",
+        {"completion_tokens": 3},
+        None,
+    )
     assert CompletionText().problem() is not None
 
 
@@ -122,7 +145,9 @@ def faulty(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 def _run(capsys: pytest.CaptureFixture[str], out: Path, url: str, *args: str) -> tuple[int, str]:
-    code, _, err = run_main(capsys, "run", "--base-url", url, "--sessions", "3", "--turns", "5", "--out", str(out), *args)
+    code, _, err = run_main(
+        capsys, "run", "--base-url", url, "--sessions", "3", "--turns", "5", "--out", str(out), *args
+    )
     return code, err
 
 
@@ -131,7 +156,9 @@ def _summary(out: Path) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("stream", ["--stream", "--no-stream"])
-def test_both_mode_counts_the_damage_the_parser_hid(faulty: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], stream: str) -> None:
+def test_both_mode_counts_the_damage_the_parser_hid(
+    faulty: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], stream: str
+) -> None:
     code, err = _run(capsys, tmp_path / "run", f"{faulty}/lp-hide/v1", stream)
     assert code == 0, err
     run = load_run(tmp_path / "run")
@@ -145,14 +172,21 @@ def test_both_mode_counts_the_damage_the_parser_hid(faulty: str, tmp_path: Path,
     for session in run.sessions:
         first = session.turns[0]
         assert (session.outcome, session.corrupt_seen, session.parser_effect) == ("corrupt", "raw", "hidden")
-        assert (first.verdict, first.parsed_verdict, first.raw_verdict, first.raw_complete) == ("corrupt", "clean", "corrupt", True)
+        assert (first.verdict, first.parsed_verdict, first.raw_verdict, first.raw_complete) == (
+            "corrupt",
+            "clean",
+            "corrupt",
+            True,
+        )
         assert first.raw_findings and first.raw_findings[0].field == "raw"
         assert first.raw_text_path is not None
         assert (tmp_path / "run" / first.raw_text_path).read_text().count(ORPHAN_CLOSER) == 2
         assert all(t.verdict == t.raw_verdict == t.parsed_verdict == "clean" for t in session.turns[1:])
 
 
-def test_made_damage_is_a_parser_bug_and_raw_mode_does_not_count_it(faulty: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_made_damage_is_a_parser_bug_and_raw_mode_does_not_count_it(
+    faulty: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     code, err = _run(capsys, tmp_path / "both", f"{faulty}/lp-made/v1")
     assert code == 0, err
     effect = _summary(tmp_path / "both")["parser_effect"]
@@ -170,7 +204,9 @@ def _received(faulty: str, mode: str) -> list[dict[str, Any]]:
     return httpx.get(f"{faulty}/{mode}/received").json()
 
 
-def test_parsed_mode_sends_exactly_the_production_requests(faulty: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_parsed_mode_sends_exactly_the_production_requests(
+    faulty: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     code, err = _run(capsys, tmp_path / "run", f"{faulty}/lp~parsed/v1", "--observe", "parsed")
     assert code == 0, err
     bodies = _received(faulty, "lp~parsed")
@@ -182,7 +218,9 @@ def test_parsed_mode_sends_exactly_the_production_requests(faulty: str, tmp_path
     assert _summary(tmp_path / "run")["parser_effect"] is None
 
 
-def test_both_mode_adds_only_the_logprob_fields(faulty: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_both_mode_adds_only_the_logprob_fields(
+    faulty: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     code, err = _run(capsys, tmp_path / "run", f"{faulty}/lp~both/v1")
     assert code == 0, err
     bodies = _received(faulty, "lp~both")
@@ -206,7 +244,9 @@ def test_a_target_without_raw_text(faulty: str, tmp_path: Path, capsys: pytest.C
 
 
 @pytest.mark.parametrize("stream", ["--stream", "--no-stream"])
-def test_garbage_logprobs_are_classified_never_crash_the_run(faulty: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], stream: str) -> None:
+def test_garbage_logprobs_are_classified_never_crash_the_run(
+    faulty: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], stream: str
+) -> None:
     code, err = _run(capsys, tmp_path / "run", f"{faulty}/lp-garbage/v1", stream)
     assert code == 0, err
     run = load_run(tmp_path / "run")
@@ -219,8 +259,11 @@ def test_garbage_logprobs_are_classified_never_crash_the_run(faulty: str, tmp_pa
 
 @pytest.mark.parametrize(
     ("mode", "args", "source"),
-    [("lp-notools~a", [], "completions"), ("text~b", ["--raw-endpoint", "generate"], "generate"),
-     ("text~c", ["--no-stream"], "completions")],
+    [
+        ("lp-notools~a", [], "completions"),
+        ("text~b", ["--raw-endpoint", "generate"], "generate"),
+        ("text~c", ["--no-stream"], "completions"),
+    ],
 )
 def test_without_tool_call_logprobs_the_raw_text_comes_from_a_raw_endpoint(
     faulty: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], mode: str, args: list[str], source: str
@@ -229,7 +272,11 @@ def test_without_tool_call_logprobs_the_raw_text_comes_from_a_raw_endpoint(
     assert code == 0, err
     run = load_run(tmp_path / "run")
     observe = run.manifest.observe
-    assert observe is not None and (observe["mode"], observe["raw_source"], observe["client_parser"]) == ("both", source, "sglang-0.5.23")
+    assert observe is not None and (observe["mode"], observe["raw_source"], observe["client_parser"]) == (
+        "both",
+        source,
+        "sglang-0.5.23",
+    )
     assert "client-side emulation" in observe["parsed_verdict_on"]
     if mode.startswith("lp-notools"):
         assert observe["probe"]["logprobs"].startswith("incomplete: ")
@@ -255,8 +302,9 @@ def test_raw_verdicts_agree_with_the_simulators_fault_log(
     sim_server: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str], coverage: str
 ) -> None:
     sim = sim_server("--enable-hierarchical-cache", "--index-k-dtype", "bf16", "--logprobs-coverage", coverage)
-    code, _, err = run_main(capsys, "run", "--base-url", sim.base_url, "--sessions", "60", "--turns", "8",
-                            "--out", str(tmp_path / "run"))
+    code, _, err = run_main(
+        capsys, "run", "--base-url", sim.base_url, "--sessions", "60", "--turns", "8", "--out", str(tmp_path / "run")
+    )
     assert code == 0, err
     run = load_run(tmp_path / "run")
     assert run.manifest.observe is not None
@@ -268,7 +316,9 @@ def test_raw_verdicts_agree_with_the_simulators_fault_log(
     # corrupt (its evidence came first).
     for session in run.sessions:
         for turn in session.turns:
-            assert turn.status == "ok" or (turn.error or "").startswith("cannot render") and session.outcome == "corrupt"
+            assert (
+                turn.status == "ok" or (turn.error or "").startswith("cannot render") and session.outcome == "corrupt"
+            )
     # The simulator's log is the truth: every fault it injected shows in the raw text, nothing else does.
     assert {rid for rid, t in turns.items() if t.raw_verdict == "corrupt"} == {f["request_id"] for f in faults}
     # A fault the simulator's parser absorbed (its output identical to the undamaged text's) was hidden.
@@ -281,37 +331,81 @@ def test_raw_verdicts_agree_with_the_simulators_fault_log(
 
 # ------------------------------------------------------------------------------------------------ records and report
 
-HOSTILE = '<script>alert(1)</script>'
+HOSTILE = "<script>alert(1)</script>"
 
 
 def _hidden_run(path: Path) -> Path:
     """A run directory of one session whose first turn's raw text (hostile markup in it) was corrupt and parsed clean."""
     writer = RunWriter(path)
-    writer.write_manifest(Manifest(
-        name="raw", run_id="raw-id", command=["repro", "run"], options={}, workload={"name": "w"},
-        target={"base_url": "http://127.0.0.1:9/v1", "model": "m", "embedded": False},
-        observe={"mode": "both", "raw_source": "logprobs"}, started_at="2026-12-01T10:00:00Z",
-    ))
+    writer.write_manifest(
+        Manifest(
+            name="raw",
+            run_id="raw-id",
+            command=["repro", "run"],
+            options={},
+            workload={"name": "w"},
+            target={"base_url": "http://127.0.0.1:9/v1", "model": "m", "embedded": False},
+            observe={"mode": "both", "raw_source": "logprobs"},
+            started_at="2026-12-01T10:00:00Z",
+        )
+    )
     text = f"Plan {HOSTILE}</think>Looking.\n\n<｜DSML｜tool_calls>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>"
     at = text.index("</｜DSML｜invoke>")
     turns = [
-        TurnRecord(index=0, status="ok", verdict="corrupt", parsed_verdict="clean", raw_verdict="corrupt",
-                   raw_source="logprobs", raw_complete=True, start_s=0.0, request_id="req-0",
-                   raw_path=writer.write_raw(0, 0, b'{"choices": [{"message": {"content": "Looking."}}]}', suffix="json"),
-                   raw_text_path=writer.write_raw(0, 0, text.encode(), suffix="txt"),
-                   raw_findings=[FindingRecord(rule="raw-orphan-closer", field="raw", start=at, end=at + len("</｜DSML｜invoke>"),
-                                               excerpt=text[at : at + 15], severity="hard")]),
-        TurnRecord(index=1, status="ok", verdict="clean", parsed_verdict="clean", raw_complete=False,
-                   raw_gap=f"no logprobs {HOSTILE}", raw_source="logprobs", start_s=1.0),
+        TurnRecord(
+            index=0,
+            status="ok",
+            verdict="corrupt",
+            parsed_verdict="clean",
+            raw_verdict="corrupt",
+            raw_source="logprobs",
+            raw_complete=True,
+            start_s=0.0,
+            request_id="req-0",
+            raw_path=writer.write_raw(0, 0, b'{"choices": [{"message": {"content": "Looking."}}]}', suffix="json"),
+            raw_text_path=writer.write_raw(0, 0, text.encode(), suffix="txt"),
+            raw_findings=[
+                FindingRecord(
+                    rule="raw-orphan-closer",
+                    field="raw",
+                    start=at,
+                    end=at + len("</｜DSML｜invoke>"),
+                    excerpt=text[at : at + 15],
+                    severity="hard",
+                )
+            ],
+        ),
+        TurnRecord(
+            index=1,
+            status="ok",
+            verdict="clean",
+            parsed_verdict="clean",
+            raw_complete=False,
+            raw_gap=f"no logprobs {HOSTILE}",
+            raw_source="logprobs",
+            start_s=1.0,
+        ),
     ]
-    writer.append_session(SessionRecord(session_id=0, task=f"task {HOSTILE}", outcome="corrupt", start_s=0.0, end_s=2.0,
-                                        turns=turns, first_corrupt_turn=0, rules=["raw-orphan-closer"],
-                                        corrupt_seen=corrupt_seen(turns)))
+    writer.append_session(
+        SessionRecord(
+            session_id=0,
+            task=f"task {HOSTILE}",
+            outcome="corrupt",
+            start_s=0.0,
+            end_s=2.0,
+            turns=turns,
+            first_corrupt_turn=0,
+            rules=["raw-orphan-closer"],
+            corrupt_seen=corrupt_seen(turns),
+        )
+    )
     writer.close()
     return path
 
 
-def test_the_report_shows_both_verdicts_and_the_hidden_share_escaped(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_report_shows_both_verdicts_and_the_hidden_share_escaped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     run = _hidden_run(tmp_path / "run")
     code, _, err = run_main(capsys, "report", str(run), "--markdown", str(tmp_path / "r.md"))
     assert code == 0, err
@@ -347,38 +441,83 @@ def test_run_directories_from_before_raw_mode_still_load(tmp_path: Path) -> None
 @pytest.mark.parametrize("arguments", ['{"path": "a', "[1]", "null", 3])
 def test_a_history_the_encoder_cannot_write_is_a_render_error(arguments: Any) -> None:
     call = {"id": "c", "type": "function", "function": {"name": "read_file", "arguments": arguments}}
-    payload = {"model": "m", "messages": [{"role": "user", "content": "u"},
-                                          {"role": "assistant", "content": "", "tool_calls": [call]},
-                                          {"role": "tool", "tool_call_id": "c", "content": "x"}]}
+    payload = {
+        "model": "m",
+        "messages": [
+            {"role": "user", "content": "u"},
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c", "content": "x"},
+        ],
+    }
     with pytest.raises(RenderError, match="read_file"):
         text_request("completions", payload, fmt="v4", thinking=True)
 
 
 def test_what_the_parse_lost_is_the_parsers_damage_not_what_the_agent_saw() -> None:
-    tools = [{"type": "function", "function": {"name": "read_file", "parameters": {
-        "type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "read_file",
+                "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
+            },
+        }
+    ]
     text = render_completion(reasoning="Read it.", content="Looking.", calls=[ToolCall("read_file", {"path": "a.py"})])
     dropped = {"role": "assistant", "content": "Looking.", "reasoning_content": "Read it."}  # the parser lost the call
     for mode in ("both", "raw"):
-        verdicts = judge(ObservePlan(mode, "logprobs"), dropped, finish_reason="stop", tools=tools, tool_choice="auto",
-                         rawtext=RawText("logprobs", text, True))
+        verdicts = judge(
+            ObservePlan(mode, "logprobs"),
+            dropped,
+            finish_reason="stop",
+            tools=tools,
+            tool_choice="auto",
+            rawtext=RawText("logprobs", text, True),
+        )
         assert verdicts.parsed.label == "clean" and "call-lost" not in verdicts.parsed.rules
         assert verdicts.raw is not None and verdicts.raw.label == "clean"
         assert verdicts.lost is not None and verdicts.lost.rules == ("call-lost",)
         # A clean raw text the parser lost a call of: corrupt in both mode (a parser bug), clean in raw mode.
         assert verdicts.verdict == ("corrupt" if mode == "both" else "clean")
-    unjudged = judge(ObservePlan("both", "logprobs"), dropped, finish_reason="stop", tools=tools, tool_choice="auto",
-                     rawtext=RawText("logprobs", text, False, "no logprobs in the response"))
+    unjudged = judge(
+        ObservePlan("both", "logprobs"),
+        dropped,
+        finish_reason="stop",
+        tools=tools,
+        tool_choice="auto",
+        rawtext=RawText("logprobs", text, False, "no logprobs in the response"),
+    )
     assert (unjudged.verdict, unjudged.raw, unjudged.lost) == ("clean", None, None)
 
 
 def test_a_lost_call_is_hidden_when_the_model_broke_it_and_made_when_the_parser_did() -> None:
     lost = [FindingRecord(rule="call-lost", field="tool_calls", start=0, end=4, excerpt="grep", severity="hard")]
-    broken = TurnRecord(index=0, status="ok", verdict="corrupt", parsed_verdict="clean", raw_verdict="corrupt",
-                        lost_findings=lost, start_s=0.0)  # typographic quotes: the model's damage, dropped
-    dropped = TurnRecord(index=0, status="ok", verdict="corrupt", parsed_verdict="clean", raw_verdict="clean",
-                         lost_findings=lost, start_s=0.0)  # a clean invoke the parser lost
+    broken = TurnRecord(
+        index=0,
+        status="ok",
+        verdict="corrupt",
+        parsed_verdict="clean",
+        raw_verdict="corrupt",
+        lost_findings=lost,
+        start_s=0.0,
+    )  # typographic quotes: the model's damage, dropped
+    dropped = TurnRecord(
+        index=0,
+        status="ok",
+        verdict="corrupt",
+        parsed_verdict="clean",
+        raw_verdict="clean",
+        lost_findings=lost,
+        start_s=0.0,
+    )  # a clean invoke the parser lost
     for turn, effect, seen in ((broken, "hidden", "both"), (dropped, "made", "parsed")):
-        session = SessionRecord(session_id=0, task="t", outcome="corrupt", start_s=0.0, end_s=1.0, turns=[turn],
-                                corrupt_seen=corrupt_seen([turn]))
+        session = SessionRecord(
+            session_id=0,
+            task="t",
+            outcome="corrupt",
+            start_s=0.0,
+            end_s=1.0,
+            turns=[turn],
+            corrupt_seen=corrupt_seen([turn]),
+        )
         assert (turn.parser_effect, session.parser_effect, session.corrupt_seen) == (effect, effect, seen)
