@@ -82,6 +82,7 @@ def _detect(body: str, known: list[str], out: Parsed) -> str | None:
 
 
 def parse(text: str, tools: list[dict[str, Any]], tool_choice: Any) -> Parsed:
+    """Reasoning split by the reasoning parser, then the detector over the rest when tools are active."""
     reasoning, body = _split_reasoning(text)
     out = Parsed(reasoning, body)
     if tool_choice == "none" or not tools:

@@ -168,6 +168,7 @@ class _Reader:
 
 
 def parse(text: str, tools: list[dict[str, Any]], tool_choice: Any) -> Parsed:
+    """Reasoning up to `</think>` or the first `<｜DSML｜`, then content, then tool mode (see the module docstring)."""
     parse_tools = bool(tools) and tool_choice != "none"
     text = text.lstrip("\n")  # the reasoning of a new turn starts after its leading newlines
     think = text.find(THINK_CLOSE)
@@ -188,6 +189,6 @@ def parse(text: str, tools: list[dict[str, Any]], tool_choice: Any) -> Parsed:
         if tool_at < 0:
             return out
         out.content = out.content.rstrip("\n")
-        text, tool_at = body, tool_at
+        text = body
     _Reader(text, tool_at, out).run()
     return out

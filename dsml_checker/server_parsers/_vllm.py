@@ -210,6 +210,7 @@ def _arguments(name: str, raw: str, tools: list[dict[str, Any]], out: Parsed) ->
 
 
 def parse(text: str, tools: list[dict[str, Any]], tool_choice: Any) -> Parsed:
+    """One pass of the lexer engine over the whole text, then the serving layer's whitespace and tool rules."""
     state = "REASONING"
     reasoning: list[str] = []
     content: list[str] = []
