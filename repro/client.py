@@ -162,7 +162,8 @@ class _SSEReader:
         while end >= 0:
             self._line(data[start:end].rstrip(b"\r"))
             start, end = end + 1, data.find(b"\n", end + 1)
-        self.buffer += data[start:]
+        if start < len(data):
+            self.buffer += data[start:]
 
     def _line(self, line: bytes) -> None:
         if not line:

@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
 from rich.console import Console
 
 from faulty_servers import CHAOS, start_faulty_server
@@ -21,7 +23,7 @@ from repro.records import FindingRecord, Manifest, SessionRecord, TurnRecord
 from repro.report import render_report
 from repro.runner import RunOptions, RunResult, execute_run
 from repro.store import RunWriter, load_run
-from repro.untrusted import MAX_DEPTH, NestingError, parse_json
+from repro.untrusted import MAX_DEPTH, NestingError, json_depth, parse_json, scrub_surrogates
 from repro.workload import load_workload
 from run_builders import SENTINEL, sse
 
@@ -54,6 +56,33 @@ def test_parse_json_bounds_nesting_whatever_the_stack() -> None:
             parse_json(text.encode())
     # Brackets inside strings are text, not nesting.
     assert parse_json(json.dumps({"a": "[" * 10_000})) == {"a": "[" * 10_000}
+
+
+@given(depth=st.integers(0, 3 * MAX_DEPTH), leaf=st.sampled_from(["1", '"x"', "[]", "{}"]), as_bytes=st.booleans())
+def test_parse_json_accepts_exactly_what_nests_within_the_bound(depth: int, leaf: str, as_bytes: bool) -> None:
+    opens = "".join("[" if i % 2 == 0 else '{"k":' for i in range(depth))
+    closes = "".join("]}"[i % 2] for i in reversed(range(depth)))
+    text = opens + leaf + closes
+    expected = json.loads(text)
+    if json_depth(expected) <= MAX_DEPTH:
+        assert parse_json(text.encode() if as_bytes else text) == expected
+    else:
+        with pytest.raises(NestingError):
+            parse_json(text.encode() if as_bytes else text)
+
+
+@given(st.text(st.characters(exclude_categories=())))  # surrogates included
+@example("a\ud800b\udfff")
+def test_scrubbed_text_is_always_utf8_and_unchanged_when_it_already_was(text: str) -> None:
+    scrubbed = scrub_surrogates(text)
+    scrubbed.encode("utf-8")
+    assert len(scrubbed) == len(text)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        assert "\ufffd" in scrubbed
+    else:
+        assert scrubbed is text
 
 
 def test_deeply_nested_tool_arguments_get_an_error_result_like_any_bad_json() -> None:
