@@ -220,21 +220,7 @@ class Session:
             self._add(record, result)
             return False
         judgement = await _judge(config.observe, result, config.tools, workload.tool_choice, rawtext)
-        record.verdict = judgement.verdict
-        record.parsed_verdict = judgement.parsed.label
-        record.findings = finding_records(judgement.parsed)
-        if rawtext is not None:
-            record.raw_source, record.raw_complete, record.raw_gap = rawtext.source, rawtext.complete, rawtext.gap
-        if judgement.raw is not None:
-            record.raw_verdict = judgement.raw.label
-            record.raw_findings = finding_records(judgement.raw)
-        if judgement.lost is not None:
-            record.lost_findings = finding_records(judgement.lost)
-        if judgement.verdict == "corrupt":
-            for verdict in (judgement.parsed, judgement.raw, judgement.lost):
-                for finding in verdict.findings if verdict is not None and verdict.label == "corrupt" else ():
-                    if finding.severity == "hard" and finding.rule not in self.rules:
-                        self.rules.append(finding.rule)
+        self._record_judgement(record, judgement, rawtext)
         history, calls = _assistant_message(result.message, index)
         record.tool_calls = [call["function"]["name"] for call in calls]
         self._add(record, result, rawtext)
@@ -249,6 +235,25 @@ class Session:
             return True
         self.finished = True
         return False
+
+    def _record_judgement(self, record: TurnRecord, judgement: Judgement, rawtext: RawText | None) -> None:
+        """The turn's verdicts and findings into its record; a corrupt turn's hard rules into the session's."""
+        record.verdict = judgement.verdict
+        record.parsed_verdict = judgement.parsed.label
+        record.findings = finding_records(judgement.parsed)
+        if rawtext is not None:
+            record.raw_source, record.raw_complete, record.raw_gap = rawtext.source, rawtext.complete, rawtext.gap
+        if judgement.raw is not None:
+            record.raw_verdict = judgement.raw.label
+            record.raw_findings = finding_records(judgement.raw)
+        if judgement.lost is not None:
+            record.lost_findings = finding_records(judgement.lost)
+        if judgement.verdict != "corrupt":
+            return
+        for verdict in (judgement.parsed, judgement.raw, judgement.lost):
+            for finding in verdict.findings if verdict is not None and verdict.label == "corrupt" else ():
+                if finding.severity == "hard" and finding.rule not in self.rules:
+                    self.rules.append(finding.rule)
 
     def _turn_record(self, index: int, start_s: float, result: TurnResult) -> TurnRecord:
         return TurnRecord(
