@@ -5,7 +5,9 @@ not counted), through the real stack (load → session → client → dsml_check
 
 1. Client CPU per turn and per streamed chunk: the same sessions with few and with many chunks per
    turn, no pacing; CPU time of this process divided out, the two runs solved for a per-turn base
-   and a per-chunk cost.
+   and a per-chunk cost. Measured twice: parsed mode (the production request), and raw mode with
+   log-probabilities on (`logprobs: true`: each chunk carries its tokens, the text is rebuilt from
+   them and judged by check_raw at the end of the turn).
 2. Sustained concurrency: C sessions at once for C = 250, 500, 1000, 2000, ... with paced streams
    shaped like a loaded DeepSeek deployment (default: 2 s to the first chunk, then 32 chunks 0.25 s
    apart, a 10 s turn; starts spread over 5 s); for each C the client's event-loop lag p99; the
@@ -25,6 +27,7 @@ import anyio
 
 from repro.client import make_client
 from repro.load import run_load
+from repro.observe import ObservePlan
 from repro.procs import ManagedProcess, free_port, start_process, wait_http_ready
 from repro.records import SessionRecord
 from repro.runner import ensure_open_files
@@ -44,10 +47,15 @@ def start_server(chunks: int, interval: float, final_after: int, ttft: float = 0
     return proc, f"http://127.0.0.1:{port}/v1"
 
 
-def drive(base_url: str, sessions: int, turns: int, ramp_up: float = 0.0) -> tuple[list[SessionRecord], list[float], float, float]:
+PARSED = ObservePlan()
+RAW = ObservePlan("both", "logprobs")
+
+
+def drive(base_url: str, sessions: int, turns: int, ramp_up: float = 0.0,
+          observe: ObservePlan = PARSED) -> tuple[list[SessionRecord], list[float], float, float]:
     """Run `sessions` sessions at once; returns records, loop-lag samples, wall and CPU seconds of the load."""
     config = SessionConfig(url=f"{base_url}/chat/completions", model="bench", workload=load_workload().workload,
-                           turns=turns, timeout=600, turn_timeout=300, stall_timeout=120)
+                           turns=turns, timeout=600, turn_timeout=300, stall_timeout=120, observe=observe)
     records: list[SessionRecord] = []
 
     async def load() -> tuple[list[float], float, float]:
@@ -55,7 +63,7 @@ def drive(base_url: str, sessions: int, turns: int, ramp_up: float = 0.0) -> tup
             origin = time.perf_counter()
 
             def make(index: int) -> Session:
-                return Session(index, config, client, keep_raw=lambda s, t, data: "", origin=origin)
+                return Session(index, config, client, keep_raw=lambda *args, **kwargs: "", origin=origin)
 
             cpu = time.process_time()
             result = await run_load(sessions, sessions, make, records.append, ramp_up=ramp_up, handle_signals=False)
@@ -71,21 +79,24 @@ def p99(values: list[float]) -> float:
 
 
 def cpu_costs(sessions: int, turns: int) -> None:
-    per_turn: dict[int, float] = {}
-    for chunks in (1, 64):
-        proc, url = start_server(chunks, 0.0, final_after=turns)
-        try:
-            records, _, wall, cpu = drive(url, sessions, turns)
-        finally:
-            proc.stop()
-        done = sum(len(r.turns) for r in records)
-        bad = sum(r.outcome != "clean" for r in records)
-        per_turn[chunks] = cpu / done
-        print(f"cpu: {chunks:3d} chunks/turn: {done} turns in {wall:.2f}s wall, {cpu:.2f}s client CPU, "
-              f"{1e3 * cpu / done:.3f} ms CPU/turn ({bad} sessions not clean)")
-    per_chunk = (per_turn[64] - per_turn[1]) / 63
-    base = per_turn[1] - per_chunk
-    print(f"cpu: per streamed chunk {1e6 * per_chunk:.1f} us; per turn (request, judge, tools) {1e3 * base:.3f} ms")
+    for label, observe in (("logprobs off (parsed)", PARSED), ("logprobs on (both)", RAW)):
+        per_turn: dict[int, float] = {}
+        for chunks in (1, 64):
+            proc, url = start_server(chunks, 0.0, final_after=turns)
+            try:
+                records, _, wall, cpu = drive(url, sessions, turns, observe=observe)
+            finally:
+                proc.stop()
+            done = sum(len(r.turns) for r in records)
+            bad = sum(r.outcome != "clean" for r in records)
+            unjudged = sum(t.raw_verdict is None for r in records for t in r.turns) if observe.source else 0
+            per_turn[chunks] = cpu / done
+            print(f"cpu, {label}: {chunks:3d} chunks/turn: {done} turns in {wall:.2f}s wall, {cpu:.2f}s client CPU, "
+                  f"{1e3 * cpu / done:.3f} ms CPU/turn ({bad} sessions not clean, {unjudged} turns without a raw verdict)")
+        per_chunk = (per_turn[64] - per_turn[1]) / 63
+        base = per_turn[1] - per_chunk
+        print(f"cpu, {label}: per streamed chunk {1e6 * per_chunk:.1f} us; "
+              f"per turn (request, judge, tools) {1e3 * base:.3f} ms")
 
 
 def concurrency(levels: list[int], turns: int, ttft: float, chunks: int, interval: float, ramp_up: float) -> None:
@@ -122,6 +133,7 @@ def main() -> None:
     parser.add_argument("--interval", type=float, default=0.25, help="Seconds between chunks.")
     parser.add_argument("--ramp-up", type=float, default=5.0)
     parser.add_argument("--quick", action="store_true", help="Small numbers, to check that the script runs.")
+    parser.add_argument("--cpu-only", action="store_true", help="Only the CPU costs per chunk and turn, no sweep.")
     args = parser.parse_args()
     levels = [20, 40] if args.quick else [int(x) for x in args.levels.split(",")]
     ensure_open_files(max(levels))
@@ -132,6 +144,8 @@ def main() -> None:
     finally:
         proc.stop()
     cpu_costs(sessions=20 if args.quick else 200, turns=args.turns)
+    if args.cpu_only:
+        return
     concurrency(levels, args.turns, args.ttft, args.chunks, args.interval, args.ramp_up)
 
 

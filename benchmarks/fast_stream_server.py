@@ -3,8 +3,11 @@
 Every completion waits `--ttft` seconds (the prefill), streams `--chunks` content chunks `--interval`
 seconds apart, then one tool call
 (`read_file`) and finish_reason `tool_calls`; once the request already holds `--final-after`
-assistant messages it answers with content only (finish_reason `stop`). HTTP/1.1 keep-alive,
-chunked transfer encoding. Not a general HTTP server: just enough for repro's client.
+assistant messages it answers with content only (finish_reason `stop`). A request with
+`"logprobs":true` gets each chunk's token strings and bytes in `logprobs.content` (about 4 characters a
+token) and the tool-call block's and end of sentence's tokens on a standalone empty-delta chunk, as
+SGLang sends them. HTTP/1.1 keep-alive, chunked transfer encoding. Not a general HTTP server: just
+enough for repro's client.
 
 Run: `python benchmarks/fast_stream_server.py --port P [--ttft 0] [--chunks 16] [--interval 0.05] [--final-after 4]`.
 """
@@ -14,8 +17,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
+
+from dsml_checker import ToolCall, render_calls
+from dsml_checker.formats import EOS
 
 ASSISTANT = b'"role": "assistant"'
+LOGPROBS = b'"logprobs":true'
 
 
 def _frame(data: bytes) -> bytes:
@@ -27,9 +35,16 @@ def _event(body: dict) -> bytes:
     return _frame(b"data: " + json.dumps(body).encode() + b"\n\n")
 
 
-def _chunk(delta: dict, finish: str | None = None) -> bytes:
-    return _event({"id": "chatcmpl-bench", "object": "chat.completion.chunk", "model": "bench",
-                   "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+def _chunk(delta: dict, finish: str | None = None, tokens: list[str] | None = None) -> bytes:
+    choice: dict = {"index": 0, "delta": delta, "finish_reason": finish}
+    if tokens is not None:
+        choice["logprobs"] = {"content": [{"token": t, "logprob": -0.25, "bytes": list(t.encode()), "top_logprobs": []}
+                                          for t in tokens]}
+    return _event({"id": "chatcmpl-bench", "object": "chat.completion.chunk", "model": "bench", "choices": [choice]})
+
+
+def _tokens(text: str) -> list[str]:
+    return re.findall(r" ?[^\s]{1,4}|\s", text)
 
 
 class Plan:
@@ -39,14 +54,25 @@ class Plan:
         self.final_after = final_after
         self.head = _chunk({"role": "assistant", "content": ""})
         # Distinct words, so the checker's repetition rules see ordinary prose.
-        self.body = [_chunk({"content": f"step {i} reads line {7 * i + 3} of the file; "}) for i in range(chunks)]
+        texts = [f"step {i} reads line {7 * i + 3} of the file; " for i in range(chunks)]
+        self.body = [_chunk({"content": text}) for text in texts]
+        self.lp_body = [_chunk({"content": text}, tokens=_tokens(text)) for text in texts]
+        content_tokens = sum(len(_tokens(text)) for text in texts)
         call = {"index": 0, "id": "call_1", "type": "function",
                 "function": {"name": "read_file", "arguments": '{"path": "src/cache/evict.py"}'}}
-        usage = _event({"id": "chatcmpl-bench", "object": "chat.completion.chunk", "model": "bench", "choices": [],
-                        "usage": {"prompt_tokens": 100, "completion_tokens": 4 * chunks, "total_tokens": 100 + 4 * chunks}})
+        block = _tokens("\n\n" + render_calls([ToolCall("read_file", {"path": "src/cache/evict.py"})])) + [EOS]
         done = _frame(b"data: [DONE]\n\n") + b"0\r\n\r\n"
-        self.tool_tail = _chunk({"tool_calls": [call]}) + _chunk({}, "tool_calls") + usage + done
-        self.final_tail = _chunk({}, "stop") + usage + done
+        tool_call = _chunk({"tool_calls": [call]})
+        self.tool_tail = tool_call + _chunk({}, "tool_calls") + self._usage(4 * chunks) + done
+        self.final_tail = _chunk({}, "stop") + self._usage(4 * chunks) + done
+        self.lp_tool_tail = (_chunk({}, tokens=block) + tool_call + _chunk({}, "tool_calls")
+                             + self._usage(content_tokens + len(block)) + done)
+        self.lp_final_tail = _chunk({}, tokens=[EOS]) + _chunk({}, "stop") + self._usage(content_tokens + 1) + done
+
+    @staticmethod
+    def _usage(completion: int) -> bytes:
+        return _event({"id": "chatcmpl-bench", "object": "chat.completion.chunk", "model": "bench", "choices": [],
+                       "usage": {"prompt_tokens": 100, "completion_tokens": completion, "total_tokens": 100 + completion}})
 
 
 MODELS = json.dumps({"object": "list", "data": [{"id": "bench", "object": "model"}]}).encode()
@@ -87,7 +113,7 @@ class Connection(asyncio.Protocol):
         path = head.split(" ", 2)[1]
         if path.endswith("/chat/completions"):
             self.busy = True
-            asyncio.ensure_future(self._stream(body.count(ASSISTANT) >= self.plan.final_after))
+            asyncio.ensure_future(self._stream(body.count(ASSISTANT) >= self.plan.final_after, LOGPROBS in body))
         else:
             payload = MODELS if path.endswith("/models") else b"ok"
             assert self.transport is not None
@@ -95,20 +121,23 @@ class Connection(asyncio.Protocol):
                                  % (len(payload), payload))
             self._next()
 
-    async def _stream(self, final: bool) -> None:
+    async def _stream(self, final: bool, logprobs: bool) -> None:
         transport = self.transport
         assert transport is not None
         plan = self.plan
         if plan.ttft:
             await asyncio.sleep(plan.ttft)
         transport.write(STREAM_HEAD + plan.head)
-        for part in plan.body:
+        for part in plan.lp_body if logprobs else plan.body:
             if plan.interval:
                 await asyncio.sleep(plan.interval)
             if transport.is_closing():
                 return
             transport.write(part)
-        transport.write(plan.final_tail if final else plan.tool_tail)
+        if logprobs:
+            transport.write(plan.lp_final_tail if final else plan.lp_tool_tail)
+        else:
+            transport.write(plan.final_tail if final else plan.tool_tail)
         self.busy = False
         self._next()
 

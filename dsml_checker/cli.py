@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from typing import IO, Any, Iterator
 
 from dsml_checker.check import check
-from dsml_checker.findings import RULES, Verdict
+from dsml_checker.findings import RULES
 from dsml_checker.formats import FORMATS
-from dsml_checker.raw import check_raw
+from dsml_checker.verdicts import judge_turn
 
 # Model text is untrusted: C1 controls, bidi overrides and line separators survive ensure_ascii=False and
 # could drive or reorder a terminal, and lone surrogates cannot be encoded at all, so all of them are written
@@ -36,9 +36,6 @@ _TERMINAL_UNSAFE = {
 EXIT_CLEAN = 0
 EXIT_CORRUPT = 1
 EXIT_UNREADABLE = 2
-_RANK = {"clean": 0, "suspect": 1, "corrupt": 2}
-# Rules comparing the parsed message with the raw text: what the parse lost, which no agent sees in the message.
-CROSS_RULES = frozenset({"call-lost", "param-lost", "value-cut"})
 
 # A bug here must not pass for a verdict (0, 1) or bad input (2), and must be above 127 so that `git bisect run`
 # stops instead of marking the commit bad: the harness's internal-error code.
@@ -133,21 +130,15 @@ def judge(turn: Turn, fmt: str) -> tuple[dict[str, Any], str | None]:
     With raw text the row has three verdicts: `parsed` (the message, what an agent saw: `findings`), `raw`
     (`check_raw`), `lost` (what the parse lost of the raw text); `label` is the worst of them.
     """
-    seen = check(turn.message, finish_reason=turn.finish_reason, tools=turn.tools, tool_choice=turn.tool_choice, raw=turn.raw)
     row: dict[str, Any] = {"line": turn.line, "id": turn.response_id}
     if turn.raw is None:
+        seen = check(turn.message, finish_reason=turn.finish_reason, tools=turn.tools, tool_choice=turn.tool_choice)
         return {**row, **seen.to_dict()}, None
-    parsed = Verdict.of(tuple(f for f in seen.findings if f.rule not in CROSS_RULES))
-    lost = Verdict.of(tuple(f for f in seen.findings if f.rule in CROSS_RULES))
-    raw = check_raw(turn.raw, tools=turn.tools, tool_choice=turn.tool_choice, finish_reason=turn.finish_reason, fmt=fmt)
-    label = max(parsed.label, raw.label, lost.label, key=_RANK.__getitem__)
-    effect = None
-    if raw.label == "corrupt" and parsed.label != "corrupt":
-        effect = "hid"
-    elif raw.label != "corrupt" and "corrupt" in (parsed.label, lost.label):
-        effect = "made"
-    row |= {"label": label, "findings": parsed.to_dict()["findings"], "parsed": parsed.label}
-    row |= {"raw": raw.to_dict(), "lost": lost.to_dict(), "parser": effect}
+    verdicts = judge_turn(turn.message, turn.raw, finish_reason=turn.finish_reason, tools=turn.tools,
+                          tool_choice=turn.tool_choice, fmt=fmt)
+    effect = "hid" if verdicts.hid else "made" if verdicts.made else None
+    row |= {"label": verdicts.label, "findings": verdicts.parsed.to_dict()["findings"], "parsed": verdicts.parsed.label}
+    row |= {"raw": verdicts.raw.to_dict(), "lost": verdicts.lost.to_dict(), "parser": effect}
     return row, effect
 
 

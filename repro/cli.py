@@ -117,6 +117,9 @@ def run_command(
     timeout: float | None = typer.Option(None, "--timeout", help="Whole-session budget, seconds (default: 180)."),
     turn_timeout: float | None = typer.Option(None, "--turn-timeout", help="One request's budget, seconds (default: 120)."),
     stall_timeout: float | None = typer.Option(None, "--stall-timeout", help="No bytes this long: wedged (default: 30)."),
+    max_turn_bytes: int | None = typer.Option(
+        None, "--max-turn-bytes", help="Cut a response longer than this and call the turn an error (default: 64 MiB)."
+    ),
     workload: Path | None = typer.Option(None, "--workload", help="Workload YAML (default: experiments/agentic_coding.yaml)."),
     seed: int | None = typer.Option(None, "--seed", help="Seed of the session tasks (default: 0)."),
     name: str | None = typer.Option(None, "--name", help="Run name (default: the workload's)."),
@@ -126,6 +129,15 @@ def run_command(
     sim_args: str | None = typer.Option(None, "--sim-args", help="More flags for the embedded simulator."),
     max_corruption_rate: float | None = typer.Option(
         None, "--max-corruption-rate", help="Gate the run: exit 1 unless the rate is shown below this."
+    ),
+    observe: str | None = typer.Option(
+        None, "--observe", help="Judge raw|parsed|both: the model's raw text, the parsed message, or both (default: both where the target shows raw text)."
+    ),
+    raw_endpoint: str | None = typer.Option(
+        None, "--raw-endpoint", help="Raw text from completions|generate instead of chat logprobs (default: logprobs when they cover tool calls)."
+    ),
+    client_parser: str | None = typer.Option(
+        None, "--client-parser", help="Server parser emulated over a raw endpoint's text (default: sglang-0.5.23)."
     ),
     config: Path | None = typer.Option(None, "--config", help="YAML file of these options; the command line wins."),
 ) -> None:

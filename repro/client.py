@@ -1,7 +1,8 @@
 """One chat-completion turn over the run's shared `HTTPClient`: send, read (streamed or not), time, classify.
 
 Knows nothing of sessions. Never raises on bad server output: refused or reset connections,
-4xx/5xx, malformed SSE or JSON all come back as a `TurnResult` with status `error`; no bytes for
+3xx/4xx/5xx, malformed SSE or JSON (however deeply nested), headers that never end, and a response
+larger than `max_bytes` all come back as a `TurnResult` with status `error`; no bytes for
 `stall_timeout` gives `stalled`; the whole turn exceeding its budget gives `timeout`.
 
 The response is read in the transport's I/O callbacks (see `repro.transport`), so a streamed chunk
@@ -20,10 +21,14 @@ from typing import Any
 import anyio
 
 from dsml_checker import StreamAccumulator
+from repro.rawtext import RawCollector
 from repro.records import TurnStatus
 from repro.transport import Endpoint, HTTPClient, TransportError
+from repro.untrusted import parse_json
 
 _SSE_FIELDS = (b"data", b"event", b"id", b"retry")
+MAX_TURN_BYTES = 64 * 1024 * 1024
+"""Default cap on one response: ~6x a 32k-token stream with logprobs; beyond it the server is looping or hostile."""
 
 
 def make_client(concurrency: int, *, headers: dict[str, str] | None = None) -> HTTPClient:
@@ -52,6 +57,8 @@ class TurnResult:
     e2e_s: float | None = None
     max_gap_s: float | None = None
     chunks: int = 0
+    truncated_at: int | None = None
+    """The response passed the byte cap: reading stopped, and `raw` holds exactly this many bytes."""
 
     @property
     def cached_tokens(self) -> int | None:
@@ -81,6 +88,9 @@ class _Clock:
         self.last_bytes: float | None = None
         self.heard: float | None = None
         """When the client began waiting for the answer, or its headers came: where a stall is timed from before body bytes."""
+        self.head_at: float | None = None
+        """When the last piece of an incomplete header block arrived (None once the headers are complete)."""
+        self.headers_late = False
         self.max_gap = 0.0
         self.stalled = False
 
@@ -116,7 +126,9 @@ class _Clock:
 def _has_output(chunk: dict[str, Any]) -> bool:
     choices = chunk.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-        return False
+        return bool(chunk.get("text"))  # SGLang's /generate
+    if choices[0].get("text"):
+        return True  # /v1/completions
     delta = choices[0].get("delta")
     if not isinstance(delta, dict):
         return False
@@ -126,20 +138,32 @@ def _has_output(chunk: dict[str, Any]) -> bool:
 class _SSEReader:
     """Incremental Server-Sent Events parser feeding chat-completion chunks to a StreamAccumulator."""
 
-    def __init__(self, clock: _Clock) -> None:
+    def __init__(self, clock: _Clock, rawtext: RawCollector | None = None) -> None:
         self.clock = clock
+        self.rawtext = rawtext
         self.accumulator = StreamAccumulator()
-        self.buffer = b""
+        self.buffer = bytearray()
+        """The current line's bytes so far (no newline yet)."""
         self.data: list[bytes] = []
         self.done = False
         self.events = 0
         self.request_id: str | None = None
 
     def feed(self, data: bytes) -> None:
-        self.buffer += data
-        *lines, self.buffer = self.buffer.split(b"\n")
-        for line in lines:
+        # Only the new bytes are searched for a newline: re-splitting the buffer made a long line quadratic.
+        start = 0
+        end = data.find(b"\n")
+        if end >= 0 and self.buffer:
+            self.buffer += data[:end]
+            line = bytes(self.buffer)
+            self.buffer.clear()
             self._line(line.rstrip(b"\r"))
+            start, end = end + 1, data.find(b"\n", end + 1)
+        while end >= 0:
+            self._line(data[start:end].rstrip(b"\r"))
+            start, end = end + 1, data.find(b"\n", end + 1)
+        if start < len(data):
+            self.buffer += data[start:]
 
     def _line(self, line: bytes) -> None:
         if not line:
@@ -164,9 +188,9 @@ class _SSEReader:
             self.done = True
             return
         try:
-            chunk = json.loads(payload)
-        except ValueError:
-            raise _Failure(f"malformed stream: event is not JSON: {payload[:80]!r}") from None
+            chunk = parse_json(payload)
+        except ValueError as err:
+            raise _Failure(f"malformed stream: event is not JSON ({_reason(err)}): {payload[:80]!r}") from None
         if not isinstance(chunk, dict):
             raise _Failure("malformed stream: event is not a JSON object")
         if "error" in chunk and "choices" not in chunk:
@@ -177,12 +201,14 @@ class _SSEReader:
         if self.clock.first_token is None and _has_output(chunk):
             self.clock.first_token = time.perf_counter()
         self.accumulator.add_chunk(chunk)
+        if self.rawtext is not None:
+            self.rawtext.add_chunk(chunk)
 
     def finish(self) -> None:
         """The body ended: flush a last event and check that the answer is whole."""
         if self.buffer:
-            self._line(self.buffer.rstrip(b"\r"))
-            self.buffer = b""
+            self._line(bytes(self.buffer).rstrip(b"\r"))
+            self.buffer.clear()
         self._dispatch()
         if self.accumulator.malformed:
             raise _Failure(f"malformed stream: {self.accumulator.malformed} chunk(s) of the wrong shape")
@@ -190,6 +216,11 @@ class _SSEReader:
             raise _Failure("malformed stream: no chat-completion events")
         if not self.done and self.accumulator.finish_reason is None:
             raise _Failure("stream ended before finish_reason or [DONE]")
+
+
+def _reason(err: ValueError) -> str:
+    """Why a parse failed, in a few words (a JSONDecodeError's message without its position)."""
+    return err.msg if isinstance(err, json.JSONDecodeError) else str(err)[:120]
 
 
 def _error_text(error: object) -> str:
@@ -201,7 +232,7 @@ def _error_text(error: object) -> str:
 def _http_error(status: int, body: bytes) -> str:
     excerpt = body[:200].decode("utf-8", errors="replace").strip()
     try:
-        data = json.loads(body)
+        data = parse_json(body)
         if isinstance(data, dict) and "error" in data:
             excerpt = _error_text(data["error"])
         elif isinstance(data, dict) and "detail" in data:
@@ -211,12 +242,32 @@ def _http_error(status: int, body: bytes) -> str:
     return f"HTTP {status}" + (f": {excerpt}" if excerpt else "")
 
 
-def _parse_completion(body: bytes) -> tuple[dict[str, Any], str | None, dict[str, Any] | None, str | None]:
+def _not_an_answer(status: int, location: str | None) -> str:
+    """Why a final response that is neither 2xx nor an HTTP error is no answer; redirects are not followed
+    (the user named this URL; a redirected POST would be a guess)."""
+    if 300 <= status < 400:
+        target = f" to {location[:200]!r}" if location else " without a Location"
+        return f"HTTP {status} redirect{target} (not followed)"
+    return f"HTTP {status}: not a chat-completion answer"
+
+
+def _json_object(body: bytes) -> dict[str, Any]:
     try:
-        data = json.loads(body)
-    except ValueError:
-        raise _Failure(f"malformed response: not JSON: {body[:80]!r}") from None
-    choices = data.get("choices") if isinstance(data, dict) else None
+        data = parse_json(body)
+    except ValueError as err:
+        raise _Failure(f"malformed response: not JSON ({_reason(err)}): {body[:80]!r}") from None
+    if not isinstance(data, dict):
+        raise _Failure("malformed response: not a JSON object")
+    return data
+
+
+def _parse_completion(
+    body: bytes, rawtext: RawCollector | None = None
+) -> tuple[dict[str, Any], str | None, dict[str, Any] | None, str | None]:
+    data = _json_object(body)
+    if rawtext is not None:
+        rawtext.add_body(data)
+    choices = data.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         raise _Failure("malformed response: no choices")
     message = choices[0].get("message")
@@ -230,7 +281,9 @@ def _parse_completion(body: bytes) -> tuple[dict[str, Any], str | None, dict[str
 class _StallWatch:
     """Marks the turn stalled and cancels `scope` once the server has been quiet for `stall_timeout`.
 
-    One event-loop timer, re-armed for the rest of the quiet spell each time it fires while bytes flow.
+    Quiet means no body bytes: header bytes that keep dripping without the header block ever ending
+    are not a stall but a broken response (`headers_late`). One event-loop timer, re-armed for the
+    rest of the quiet spell each time it fires while bytes flow.
     """
 
     def __init__(self, clock: _Clock, stall_timeout: float, scope: anyio.CancelScope) -> None:
@@ -244,7 +297,11 @@ class _StallWatch:
         now = time.perf_counter()
         since = self.clock.quiet_since
         if since is not None and now - since >= self.stall_timeout:
-            self.clock.stalled = True
+            head_at = self.clock.head_at
+            if head_at is not None and now - head_at < self.stall_timeout:
+                self.clock.headers_late = True
+            else:
+                self.clock.stalled = True
             self.scope.cancel()
             return
         self.timer = self.loop.call_later((since if since is not None else now) + self.stall_timeout - now, self._check)
@@ -256,14 +313,18 @@ class _StallWatch:
 class _Turn:
     """The `ResponseSink` of one turn: times the response, keeps its bytes, parses the stream as it comes."""
 
-    def __init__(self, stream: bool) -> None:
+    def __init__(self, stream: bool, max_bytes: int, rawtext: RawCollector | None = None) -> None:
         self.clock = _Clock()
         self.stream = stream
-        self.reader = _SSEReader(self.clock)
+        self.max_bytes = max_bytes
+        self.rawtext = rawtext
+        self.reader = _SSEReader(self.clock, rawtext)
         self.raw = bytearray()
         self.status: int | None = None
+        self.location: str | None = None
         self.parse = False
         """Feed the body to the SSE reader: a streamed answer with a success status."""
+        self.truncated = False
 
     def started(self) -> None:
         if self.clock.sent is None:
@@ -272,13 +333,24 @@ class _Turn:
     def waiting(self) -> None:
         self.clock.heard = time.perf_counter()
 
-    def headers(self, status: int) -> None:
+    def head(self) -> None:
+        self.clock.head_at = time.perf_counter()
+
+    def headers(self, status: int, fields: dict[str, str]) -> None:
         self.clock.heard = time.perf_counter()
+        self.clock.head_at = None
         self.status = status
-        self.parse = self.stream and status < 400
+        self.location = fields.get("location")
+        self.parse = self.stream and 200 <= status < 300
 
     def body(self, data: bytes) -> None:
         self.clock.got_bytes()
+        room = self.max_bytes - len(self.raw)
+        if len(data) > room:
+            # Keep (and parse) no more than the cap: an endless stream must not grow memory or the raw file.
+            self.raw += data[:room]
+            self.truncated = True
+            raise _Failure(f"response exceeded {self.max_bytes} bytes; reading stopped there")
         self.raw += data
         if self.parse:
             self.reader.feed(data)
@@ -291,19 +363,38 @@ class _Turn:
         assert self.status is not None
         if self.status >= 400:
             raise _Failure(_http_error(self.status, bytes(self.raw)))
-        if self.stream:
+        if not 200 <= self.status < 300:
+            raise _Failure(_not_an_answer(self.status, self.location))
+        rawtext = self.rawtext
+        if rawtext is not None and not rawtext.chat:
+            self._conclude_text(rawtext, result)
+        elif self.stream:
             reader = self.reader
             reader.finish()
             result.message = reader.accumulator.message()
             result.finish_reason = reader.accumulator.finish_reason
             result.usage = reader.accumulator.usage
         else:
-            message, finish, usage, request_id = _parse_completion(bytes(self.raw))
+            message, finish, usage, request_id = _parse_completion(bytes(self.raw), rawtext)
             # Without streaming the first answer byte is the closest thing to a first token.
             self.clock.first_token = self.clock.first_bytes
             result.message, result.finish_reason, result.usage = message, finish, usage
             result.request_id = request_id
             result.chunks = 1
+        result.status = "ok"
+
+    def _conclude_text(self, rawtext: RawCollector, result: TurnResult) -> None:
+        """A raw-text endpoint's answer: no message (the caller parses the text), the rest from the collector."""
+        if self.stream:
+            self.reader.finish()
+        else:
+            rawtext.add_body(_json_object(bytes(self.raw)))
+            self.clock.first_token = self.clock.first_bytes
+            result.chunks = 1
+        problem = rawtext.problem()
+        if problem is not None:
+            raise _Failure(problem)
+        result.finish_reason, result.usage, result.request_id = rawtext.finish_reason, rawtext.usage, rawtext.request_id
         result.status = "ok"
 
 
@@ -320,12 +411,20 @@ async def send_turn(
     turn_timeout: float,
     stall_timeout: float,
     headers: dict[str, str] | None = None,
+    max_bytes: int = MAX_TURN_BYTES,
+    rawtext: RawCollector | None = None,
 ) -> TurnResult:
-    """POST one chat completion and classify how it ended; see the module docstring."""
+    """POST one chat completion and classify how it ended; see the module docstring.
+
+    At most `max_bytes` of the response are read and kept; a longer one is an error with `truncated_at` set.
+    `rawtext` is fed every stream event (or the body) to rebuild the generated text; when it is a
+    raw-text endpoint's collector (`chat` False), the answer is its text, `message` stays None and
+    the finish reason, usage and request id come from the collector.
+    """
     body = {**payload, "stream": stream}
-    if stream:
+    if stream and (rawtext is None or rawtext.source != "generate"):  # /generate takes no stream_options
         body.setdefault("stream_options", {"include_usage": True})
-    turn = _Turn(stream)
+    turn = _Turn(stream, max_bytes, rawtext)
     clock = turn.clock
     result = TurnResult(status="error")
     with anyio.move_on_after(turn_timeout) as budget, anyio.CancelScope() as stall_scope:
@@ -344,6 +443,9 @@ async def send_turn(
             result.error = str(failure)
         finally:
             watch.stop()
+    if clock.headers_late:
+        result.status = "error"
+        result.error = f"headers not complete after {stall_timeout:g}s (header bytes kept coming)"
     if clock.stalled:
         result.status = "stalled"
         result.error = f"no bytes for {stall_timeout:g}s"
@@ -355,5 +457,7 @@ async def send_turn(
         result.request_id = turn.reader.request_id
     result.chunks = result.chunks or turn.reader.events
     result.raw = bytes(turn.raw)
+    if turn.truncated:
+        result.truncated_at = len(result.raw)
     clock.fill(result)
     return result

@@ -70,6 +70,9 @@ async def show_progress(progress: LoadProgress, console: Console, live: bool) ->
         say(console, progress_line(progress))
 
 
+_JUDGED = {"parsed": "the parsed message", "raw": "the raw text", "both": "the parsed message and the raw text"}
+
+
 def _pct(value: float | None) -> str:
     return "n/a" if value is None else f"{100 * value:.1f}%"
 
@@ -108,6 +111,11 @@ def final_view(summary: Summary, run_dir: Path) -> Group:
     if summary.worst_case is not None and summary.best_case is not None and summary.counts.get("timeout", 0):
         rates.add_row("timeouts as corrupt", escape(_rate_text(summary.worst_case)))
         rates.add_row("timeouts as clean", escape(_rate_text(summary.best_case)))
+    if summary.observe is not None:
+        source = f" ({summary.raw_source})" if summary.raw_source else ""
+        rates.add_row("judged", escape(_JUDGED.get(summary.observe, summary.observe) + source))
+    if summary.parser_effect is not None:
+        rates.add_row("hidden by the parser", escape(summary.parser_effect.describe()))
     if summary.inconclusive:
         rates.add_row("[yellow]inconclusive[/]", escape("; ".join(summary.inconclusive_reasons)))
     lag = summary.loop_lag

@@ -20,6 +20,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from repro.store import append_whole
 
 HEADER = ("elapsed_s", "metric", "labels", "value")
+SCRAPE_TIMEOUT_S = 5.0
+SCRAPE_BYTES = 16 * 1024 * 1024
+"""Most bytes read of one scrape (SGLang's are ~100 KB): an endless /metrics must not hang or fill the run."""
 
 
 def server_root(base_url: str) -> str:
@@ -54,11 +57,17 @@ class MetricsScraper:
 
     async def scrape_once(self, origin: float) -> bool:
         try:
-            response = await self.client.get(self.url, timeout=5.0)
-            if response.status_code != 200:
-                return False
-            rows = parse_samples(response.text)
-        except (httpx.HTTPError, ValueError):
+            body = bytearray()
+            with anyio.fail_after(SCRAPE_TIMEOUT_S):
+                async with self.client.stream("GET", self.url, timeout=SCRAPE_TIMEOUT_S) as response:
+                    if response.status_code != 200:
+                        return False
+                    async for piece in response.aiter_bytes():
+                        body += piece
+                        if len(body) > SCRAPE_BYTES:
+                            return False
+            rows = parse_samples(body.decode("utf-8", errors="replace"))
+        except (httpx.HTTPError, ValueError, TimeoutError):
             return False
         elapsed = round(time.perf_counter() - origin, 3)
         block = io.StringIO(newline="")

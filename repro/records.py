@@ -2,6 +2,9 @@
 
 These models are the contract of design.md ("Run directory", "Outcomes"). Field names are part of
 the on-disk format that other tools read: add fields freely, never rename or remove one.
+
+Stored text is UTF-8: a lone surrogate (JSON may escape one, `"\ud800"`, and non-UTF-8 argv
+arrives as one) is written as U+FFFD; the raw files keep the server's exact bytes.
 """
 
 from __future__ import annotations
@@ -9,7 +12,18 @@ from __future__ import annotations
 from dataclasses import astuple, dataclass
 from typing import Any, Literal, Sequence
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializationInfo,
+    SerializerFunctionWrapHandler,
+    ValidationInfo,
+    model_serializer,
+    model_validator,
+)
+
+from repro.untrusted import scrub_json
 
 TurnVerdict = Literal["clean", "corrupt", "suspect"]
 """dsml_checker's label for a turn that produced a whole answer."""
@@ -21,6 +35,9 @@ SessionOutcome = Literal["clean", "corrupt", "timeout", "error", "interrupted"]
 """A session's outcome. `interrupted` is a session still in flight when the run was stopped (Ctrl-C)."""
 
 OUTCOMES: tuple[SessionOutcome, ...] = ("clean", "corrupt", "timeout", "error", "interrupted")
+
+CorruptSeen = Literal["raw", "parsed", "both"]
+"""Where a session's corruption showed: in the text the model generated, in the parsed message, or in both."""
 
 
 @dataclass(frozen=True)
@@ -67,6 +84,19 @@ class _Record(BaseModel):
     # Readers must accept files written by newer versions that added fields.
     model_config = ConfigDict(extra="allow")
 
+    # Serialising a lone surrogate to JSON raises, which would lose the record (and the run): scrub what
+    # comes in (dict keys of free-form fields included), and what was assigned after construction.
+    @model_validator(mode="before")
+    @classmethod
+    def _utf8_in(cls, data: Any, info: ValidationInfo) -> Any:
+        # Parsed JSON cannot hold one (pydantic refuses the escape), so reading a run directory skips the walk.
+        return scrub_json(data) if info.mode == "python" and isinstance(data, dict) else data
+
+    @model_serializer(mode="wrap")
+    def _utf8_out(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> Any:
+        data = handler(self)
+        return scrub_json(data) if info.mode_is_json() else data
+
 
 class FindingRecord(_Record):
     """One dsml_checker finding, as stored."""
@@ -110,6 +140,41 @@ class TurnRecord(_Record):
     error: str | None = None
     raw_path: str | None = None
     """Path of the turn's exact response bytes, relative to the run directory; set for every non-clean turn."""
+    truncated_at: int | None = None
+    """The response passed the per-turn byte cap (--max-turn-bytes): reading stopped, and the raw file
+    holds exactly this many bytes, the first ones received."""
+    parsed_verdict: TurnVerdict | None = None
+    """The verdict on the parsed message (what an agent saw); `findings` are its findings. None before raw mode existed."""
+    raw_verdict: TurnVerdict | None = None
+    """The verdict on the text the model generated; None in parsed mode or when that text was not whole."""
+    raw_findings: list[FindingRecord] = Field(default_factory=list)
+    """The raw verdict's findings; offsets into the rebuilt raw text (`raw_text_path`)."""
+    raw_source: str | None = None
+    """Where the raw text came from: `logprobs`, `completions` or `generate`; None in parsed mode."""
+    raw_complete: bool | None = None
+    """The raw text was whole enough to judge; False says why in `raw_gap`."""
+    raw_gap: str | None = None
+    raw_text_path: str | None = None
+    """Path of the rebuilt raw text (UTF-8), relative to the run directory; set for every non-clean turn."""
+    lost_findings: list[FindingRecord] = Field(default_factory=list)
+    """What the server's parse lost of the raw text (`call-lost`, `param-lost`): parser damage that an agent
+    cannot see in the message, so `parsed_verdict` leaves it out; it makes the turn corrupt all the same."""
+
+    @property
+    def parse_corrupt(self) -> bool:
+        """The parser's side is corrupt: the parsed message, or what the parse lost of the raw text."""
+        return self.parsed_verdict == "corrupt" or any(f.severity == "hard" for f in self.lost_findings)
+
+    @property
+    def parser_effect(self) -> Literal["hidden", "made"] | None:
+        """`hidden`: the raw text is corrupt and the parsed message looks clean (an agent saw nothing wrong);
+        `made`: the raw text is clean and the parser's side is corrupt (a parser bug)."""
+        if self.raw_verdict is None or self.parsed_verdict is None:
+            return None
+        raw = self.raw_verdict == "corrupt"
+        if raw and self.parsed_verdict != "corrupt":
+            return "hidden"
+        return "made" if not raw and self.parse_corrupt else None
 
 
 class SessionRecord(_Record):
@@ -131,6 +196,25 @@ class SessionRecord(_Record):
     rules: list[str] = Field(default_factory=list)
     """Distinct hard rule ids seen in the session, in order of first appearance."""
     error: str | None = None
+    corrupt_seen: CorruptSeen | None = None
+    """Which side found corrupt turns: the raw text, the parser's (the parsed message or what its parse lost),
+    or both; None when neither did, or before raw mode."""
+
+    @property
+    def parser_effect(self) -> Literal["hidden", "made"] | None:
+        """`hidden`: the raw text was corrupt and no parsed message of the session looked it (an agent saw
+        nothing wrong); `made`: the parser's side was corrupt and no raw text was."""
+        raw = any(turn.raw_verdict == "corrupt" for turn in self.turns)
+        if raw and not any(turn.parsed_verdict == "corrupt" for turn in self.turns):
+            return "hidden"
+        return "made" if not raw and any(turn.parser_effect == "made" for turn in self.turns) else None
+
+
+def corrupt_seen(turns: Sequence[TurnRecord]) -> CorruptSeen | None:
+    """Where a session's turns showed corruption: raw, parsed or both (see SessionRecord.corrupt_seen)."""
+    raw = any(turn.raw_verdict == "corrupt" for turn in turns)
+    parsed = any(turn.parse_corrupt for turn in turns)
+    return "both" if raw and parsed else "raw" if raw else "parsed" if parsed else None
 
 
 class RateEstimate(_Record):
@@ -152,6 +236,68 @@ class Percentiles(_Record):
     p90: float | None = None
     p99: float | None = None
     max: float | None = None
+
+
+class ParserEffect(_Record):
+    """summary.json's comparison of the two verdicts (raw and both modes): how much damage the server's parser
+    hid (raw text corrupt, parsed message not) and how much it made (the other way round: a parser bug)."""
+
+    judged_turns: int = 0
+    """Turns judged on both the parsed message and a whole raw text."""
+    raw_incomplete_turns: int = 0
+    """Answered turns whose raw text was not whole (no or partial logprobs): judged on the parsed message only."""
+    raw_corrupt_turns: int = 0
+    parsed_corrupt_turns: int = 0
+    hidden_turns: int = 0
+    made_turns: int = 0
+    raw_corrupt_sessions: int = 0
+    parsed_corrupt_sessions: int = 0
+    hidden_sessions: int = 0
+    """Sessions whose corruption only the raw text showed: an agent saw nothing wrong."""
+    made_sessions: int = 0
+
+    @property
+    def hidden_share(self) -> float | None:
+        """Of the sessions whose raw text was corrupt, the share the parser made look clean."""
+        return self.hidden_sessions / self.raw_corrupt_sessions if self.raw_corrupt_sessions else None
+
+    @property
+    def made_share(self) -> float | None:
+        """Of the sessions whose parsed messages were corrupt, the share whose raw text was clean."""
+        return self.made_sessions / self.parsed_corrupt_sessions if self.parsed_corrupt_sessions else None
+
+    def describe(self) -> str:
+        """One sentence for the terminal and the reports: how much the parser hid and made."""
+        if not (self.raw_corrupt_sessions or self.parsed_corrupt_sessions):
+            text = f"Raw text and parsed messages agree: no corrupt turn in either ({self.judged_turns} turns judged both ways)."
+        else:
+            share = "" if self.hidden_share is None else f" ({self.hidden_share:.0%})"
+            text = (
+                f"The server's parser hid the damage of {self.hidden_sessions} of {self.raw_corrupt_sessions} sessions "
+                f"whose raw text was corrupt{share}, and made {self.made_sessions} corrupt itself (raw text clean); "
+                f"turns: {self.hidden_turns} hidden, {self.made_turns} made, of {self.judged_turns} judged both ways."
+            )
+        if self.raw_incomplete_turns:
+            text += f" {self.raw_incomplete_turns} turns had no whole raw text and were judged on the parsed message only."
+        return text
+
+    @classmethod
+    def of(cls, sessions: Sequence["SessionRecord"]) -> "ParserEffect":
+        turns = [turn for session in sessions for turn in session.turns if turn.status == "ok"]
+        judged = [turn for turn in turns if turn.raw_verdict is not None]
+        effects = [session.parser_effect for session in sessions]
+        return cls(
+            judged_turns=len(judged),
+            raw_incomplete_turns=sum(turn.raw_complete is False for turn in turns),
+            raw_corrupt_turns=sum(turn.raw_verdict == "corrupt" for turn in judged),
+            parsed_corrupt_turns=sum(turn.parse_corrupt for turn in judged),
+            hidden_turns=sum(turn.parser_effect == "hidden" for turn in judged),
+            made_turns=sum(turn.parser_effect == "made" for turn in judged),
+            raw_corrupt_sessions=sum(session.corrupt_seen in ("raw", "both") for session in sessions),
+            parsed_corrupt_sessions=sum(session.corrupt_seen in ("parsed", "both") for session in sessions),
+            hidden_sessions=effects.count("hidden"),
+            made_sessions=effects.count("made"),
+        )
 
 
 class Summary(_Record):
@@ -180,6 +326,11 @@ class Summary(_Record):
     duration_s: float = 0.0
     interrupted: bool = False
     gate: dict[str, Any] | None = None
+    observe: str | None = None
+    """The observe mode that ran (raw, parsed, both); None for runs from before raw mode (parsed)."""
+    raw_source: str | None = None
+    parser_effect: ParserEffect | None = None
+    """Set when the run judged raw text (raw and both modes)."""
 
 
 class Manifest(_Record):
@@ -194,6 +345,8 @@ class Manifest(_Record):
     target: dict[str, Any]
     """At least base_url, model and embedded (bool); sim_args when embedded."""
     server_info: dict[str, Any] | None = None
+    observe: dict[str, Any] | None = None
+    """The observe mode requested and run, the raw source, what the capability probe found, and warnings."""
     versions: dict[str, str] = Field(default_factory=dict)
     started_at: str
     """ISO 8601, UTC."""

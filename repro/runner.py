@@ -9,12 +9,14 @@ and a usage or target error should not wait for them.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import platform
 import resource
 import shlex
 import sys
+import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -27,8 +29,9 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from rich.console import Console
 
+from dsml_checker.server_parsers import DEFAULT_PARSER, PARSERS
 from repro import __version__
-from repro.client import make_client
+from repro.client import MAX_TURN_BYTES, make_client
 from repro.display import final_view, say, show_progress
 from repro.errors import (
     EXIT_INTERRUPTED,
@@ -42,16 +45,21 @@ from repro.errors import (
 )
 from repro.load import LoadProgress, run_load
 from repro.metrics import MetricsScraper, metrics_url, server_root
+from repro.observe import ObserveMode, RawEndpoint, thinking_of
+from repro.rawprobe import PROBE_TIMEOUT_S, ProbeRequest, ProbeResult, probe
 from repro.records import Manifest, SessionRecord, Summary
 from repro.session import Session, SessionConfig
 from repro.sim.launch import start_sim
 from repro.store import METRICS, REPORT, RunWriter, make_run_dir, new_run_dir, slug
 from repro.transport import Endpoint, tls_context
-from repro.workload import load_workload
+from repro.untrusted import NestingError, json_depth, parse_json
+from repro.workload import Workload, load_workload
 
 EMBEDDED_SIM_ARGS = ("--enable-hierarchical-cache", "--index-k-dtype", "bf16", "--enable-metrics", "--enable-cache-report")
 """The seeds' faulty configuration: HiCache on, bf16 index-K, no index-K gate (the fix flag absent); metrics on."""
 TARGET_CHECK_TIMEOUT_S = 10.0
+TARGET_CHECK_BYTES = 16 * 1024 * 1024
+"""Most bytes read of /models or /server_info: an answer that never ends is no answer."""
 MAX_RAMP_UP_S = 86_400.0
 """A day: a longer ramp-up is a typo (1e12), and would wait without end for sessions never started."""
 MAX_EXTRA_BODY_DEPTH = 64
@@ -74,6 +82,8 @@ class RunOptions(BaseModel):
     timeout: float = Field(default=180.0, gt=0.0)
     turn_timeout: float = Field(default=120.0, gt=0.0)
     stall_timeout: float = Field(default=30.0, gt=0.0)
+    max_turn_bytes: int = Field(default=MAX_TURN_BYTES, ge=1024)
+    """Cap on one response's bytes: a longer one is cut there and the turn is an error."""
     workload: Path | None = None
     """None: the packaged experiments/agentic_coding.yaml."""
     seed: int = 0
@@ -85,6 +95,19 @@ class RunOptions(BaseModel):
     sim_args: list[str] = Field(default_factory=list)
     max_corruption_rate: float | None = Field(default=None, ge=0.0, lt=1.0)
     """Gate the run at its end (repro.gate): the exit code says pass, fail or inconclusive."""
+    observe: ObserveMode | None = None
+    """Judge the parsed message, the raw generated text, or both; None: both where the target shows raw text."""
+    raw_endpoint: RawEndpoint | None = None
+    """Take raw text from this endpoint instead of chat logprobs; None: logprobs when they cover tool calls."""
+    client_parser: str = DEFAULT_PARSER
+    """The server parser emulated client-side over a raw-text endpoint's text (repro.observe)."""
+
+    @field_validator("client_parser")
+    @classmethod
+    def _known_parser(cls, value: str) -> str:
+        if value not in PARSERS:
+            raise ValueError(f"unknown parser {value!r}; expected one of {', '.join(PARSERS)}")
+        return value
 
     @field_validator("base_url")
     @classmethod
@@ -115,14 +138,14 @@ class RunOptions(BaseModel):
     def _json_object(cls, value: Any) -> Any:
         if isinstance(value, str):
             try:
-                value = json.loads(value)
-            except RecursionError:
+                value = parse_json(value)
+            except NestingError:
                 raise ValueError(f"nested deeper than {MAX_EXTRA_BODY_DEPTH} levels") from None
             except ValueError as err:
                 raise ValueError(f"not valid JSON: {err}") from None
         if not isinstance(value, dict):
             raise ValueError("must be a JSON object")
-        if _depth(value) > MAX_EXTRA_BODY_DEPTH:
+        if json_depth(value) > MAX_EXTRA_BODY_DEPTH:
             raise ValueError(f"nested deeper than {MAX_EXTRA_BODY_DEPTH} levels")
         try:
             json.dumps(value, allow_nan=False)  # as every request body is sent: standard JSON only
@@ -171,19 +194,6 @@ class RunOptions(BaseModel):
         return cls.parse(data, source=str(config) if config is not None else "options")
 
 
-def _depth(value: Any) -> int:
-    """How deeply lists and objects nest in `value`, counted without recursion."""
-    deepest, stack = 0, [(value, 1)]
-    while stack:
-        item, level = stack.pop()
-        if isinstance(item, dict):
-            item = list(item.values())
-        if isinstance(item, list):
-            deepest = max(deepest, level)
-            stack.extend((child, level + 1) for child in item)
-    return deepest
-
-
 @dataclass(frozen=True)
 class RunResult:
     path: Path
@@ -222,17 +232,31 @@ def _headers(options: RunOptions) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
 
+def _get(client: httpx.Client, url: str) -> tuple[int, bytes]:
+    """GET `url`: status and body; ValueError when the body outgrows TARGET_CHECK_BYTES or the check's time."""
+    deadline = time.monotonic() + TARGET_CHECK_TIMEOUT_S
+    body = bytearray()
+    with client.stream("GET", url) as response:
+        for piece in response.iter_bytes():
+            body += piece
+            if len(body) > TARGET_CHECK_BYTES or time.monotonic() > deadline:
+                raise ValueError(f"the answer did not end within {TARGET_CHECK_BYTES} bytes and {TARGET_CHECK_TIMEOUT_S:g}s")
+        return response.status_code, bytes(body)
+
+
 def resolve_target(base_url: str, model: str | None, headers: dict[str, str], *, embedded: bool, sim_args: list[str]) -> Target:
     """Check that the target answers `/models`; pick the model; read `/server_info` when there is one."""
     with httpx.Client(timeout=TARGET_CHECK_TIMEOUT_S, trust_env=False, headers=headers, verify=tls_context()) as client:
         try:
-            response = client.get(f"{base_url}/models")
+            status, content = _get(client, f"{base_url}/models")
         except httpx.HTTPError as err:
             raise TargetError(f"target {base_url} is unreachable: {type(err).__name__}: {err}") from None
-        if response.status_code != 200:
-            raise TargetError(f"target {base_url}/models answered HTTP {response.status_code}")
+        except ValueError as err:
+            raise TargetError(f"target {base_url}/models: {err}") from None
+        if status != 200:
+            raise TargetError(f"target {base_url}/models answered HTTP {status}")
         try:
-            listed = [str(entry["id"]) for entry in response.json().get("data", [])]
+            listed = [str(entry["id"]) for entry in parse_json(content).get("data", [])]
         except (ValueError, AttributeError, KeyError, TypeError):
             raise TargetError(f"target {base_url}/models did not return an OpenAI model list") from None
         if model is None:
@@ -241,9 +265,10 @@ def resolve_target(base_url: str, model: str | None, headers: dict[str, str], *,
             model = listed[0]
         server_info = None
         with contextlib.suppress(httpx.HTTPError, ValueError):
-            info = client.get(server_root(base_url) + "/server_info")
-            if info.status_code == 200 and isinstance(info.json(), dict):
-                server_info = info.json()
+            status, content = _get(client, server_root(base_url) + "/server_info")
+            info_json = parse_json(content) if status == 200 else None
+            if isinstance(info_json, dict):
+                server_info = info_json
     return Target(base_url=base_url, model=model, embedded=embedded, sim_args=sim_args, server_info=server_info)
 
 
@@ -255,6 +280,22 @@ def _embedded_sim(options: RunOptions, run_dir: Path, console: Console) -> Itera
         say(console, f"No --base-url: started the embedded simulator at {sim.base_url} "
                      f"(HiCache on, bf16 index-K, no index-K gate{extra})")
         yield sim.base_url
+
+
+def _observe(options: RunOptions, config: SessionConfig, base_url: str, headers: dict[str, str]) -> ProbeResult:
+    """The run's observe plan, probed on the target before the load (repro.rawprobe)."""
+    request = ProbeRequest(
+        base_url=base_url,
+        payload=config.payload(config.opening(0)),
+        stream=options.stream,
+        timeout=min(options.turn_timeout, PROBE_TIMEOUT_S),
+        headers=headers,
+        requested=options.observe,
+        raw_endpoint=options.raw_endpoint,
+        client_parser=options.client_parser,
+        thinking=thinking_of(options.extra_body),
+    )
+    return anyio.run(probe, request)
 
 
 def _run_dir(options: RunOptions, name: str) -> tuple[Path, bool]:
@@ -322,8 +363,8 @@ async def _drive(
         if writer.full is not None:
             disk_full.set()
 
-    def keep_raw(session_id: int, turn: int, data: bytes) -> str | None:
-        path = writer.write_raw(session_id, turn, data)
+    def keep_raw(session_id: int, turn: int, data: bytes, *, suffix: str = "sse") -> str | None:
+        path = writer.write_raw(session_id, turn, data, suffix=suffix)
         if writer.full is not None:
             disk_full.set()
         return path
@@ -387,6 +428,11 @@ def execute_run(
             target = resolve_target(base_url, options.model, headers, embedded=False, sim_args=[])
             writer = start.writer = RunWriter(run_dir, secrets=secrets)
             stack.callback(writer.close)
+        config = _session_config(options, target, loaded.workload, headers)
+        observed = _observe(options, config, base_url, headers)
+        config = dataclasses.replace(config, observe=observed.plan)
+        for warning in observed.warnings:
+            say(console, warning)
         manifest = Manifest(
             name=name,
             run_id=run_dir.name,
@@ -400,6 +446,7 @@ def execute_run(
                 **({"sim_args": target.sim_args} if target.embedded else {}),
             },
             server_info=target.server_info,
+            observe=observed.manifest_entry(options.observe),
             versions=_versions(),
             started_at=_utc_now(),
         )
@@ -408,19 +455,6 @@ def execute_run(
         except OSError as err:
             raise UsageError(f"--out {run_dir}: cannot write the manifest: {err.strerror or err}") from None
         start.done = True
-        config = SessionConfig(
-            url=f"{base_url}/chat/completions",
-            model=target.model,
-            workload=loaded.workload,
-            seed=options.seed,
-            stream=options.stream,
-            turns=options.turns,
-            timeout=options.timeout,
-            turn_timeout=options.turn_timeout,
-            stall_timeout=options.stall_timeout,
-            extra_body=options.extra_body,
-            headers=headers,
-        )
         with saving("the records of the sessions in flight, summary.json and report.html"):
             records, interrupted, lag, duration = anyio.run(_drive, options, config, writer, console, live, base_url)
     with saving("summary.json and report.html"):
@@ -446,9 +480,11 @@ def _save(
     from repro.summary import summarize
 
     full = writer.full
+    observe = manifest.observe or {}
     summary = summarize(
         records, loop_lag_s=lag, duration_s=duration, interrupted=interrupted, lost=writer.lost,
         stop_reason=None if full is None else f"the run stopped early: cannot write ({full.strerror or full})",
+        observe=observe.get("mode"), raw_source=observe.get("raw_source"),
     )
     try:
         writer.write_summary(summary)
@@ -474,6 +510,23 @@ def _save(
         with saving("report.html"):
             _report(run_dir, console)
     return RunResult(path=run_dir, summary=summary, exit_code=exit_code)
+
+
+def _session_config(options: RunOptions, target: Target, workload: Workload, headers: dict[str, str]) -> SessionConfig:
+    return SessionConfig(
+        url=f"{target.base_url}/chat/completions",
+        model=target.model,
+        workload=workload,
+        seed=options.seed,
+        stream=options.stream,
+        turns=options.turns,
+        timeout=options.timeout,
+        turn_timeout=options.turn_timeout,
+        stall_timeout=options.stall_timeout,
+        max_turn_bytes=options.max_turn_bytes,
+        extra_body=options.extra_body,
+        headers=headers,
+    )
 
 
 def _gate(run_dir: Path, summary: Summary, limit: float, writer: RunWriter, console: Console) -> tuple[Summary, int]:

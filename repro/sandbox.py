@@ -13,6 +13,7 @@ import json
 import random
 from typing import Any
 
+from repro.untrusted import parse_json
 from repro.workload import SandboxSizes, Workload
 
 _WORDS = (
@@ -113,8 +114,8 @@ def execute(workload: Workload, name: str, arguments: str) -> str:
     if tool is None:
         return f"error: unknown tool {name!r}; available: {', '.join(workload.tool_names())}"
     try:
-        args = json.loads(arguments) if arguments.strip() else {}
-    except (json.JSONDecodeError, AttributeError):
+        args = parse_json(arguments) if arguments.strip() else {}
+    except ValueError:
         return "error: arguments are not valid JSON"
     if not isinstance(args, dict):
         return "error: arguments must be a JSON object"

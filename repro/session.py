@@ -22,18 +22,20 @@ from typing import Any, Callable
 
 import anyio
 
-from dsml_checker import Verdict, check
 from repro import sandbox
-from repro.client import TurnResult, send_turn
-from repro.records import FindingRecord, SessionRecord, TurnRecord
+from repro.client import MAX_TURN_BYTES, TurnResult, send_turn
+from repro.observe import Judgement, ObservePlan, RenderError, finding_records, judge, parse_text, turn_request
+from repro.rawtext import RawText
+from repro.records import SessionRecord, TurnRecord, corrupt_seen
 from repro.transport import Endpoint, HTTPClient
 from repro.workload import Workload
 
 _OFF_LOOP_BYTES = 1 << 16
 """Replies this long or longer are judged off the event loop (about a millisecond of checking per 64 KB)."""
 
-RawKeeper = Callable[[int, int, bytes], str]
-"""(session id, turn index, bytes) → path of the kept bytes relative to the run directory."""
+RawKeeper = Callable[..., str | None]
+"""(session id, turn index, bytes, suffix=…) → path of the kept bytes relative to the run directory."""
+RAW_TEXT_SUFFIX = "txt"
 
 
 @dataclass(frozen=True)
@@ -50,8 +52,10 @@ class SessionConfig:
     timeout: float = 180.0
     turn_timeout: float = 120.0
     stall_timeout: float = 30.0
+    max_turn_bytes: int = MAX_TURN_BYTES
     extra_body: dict[str, Any] = field(default_factory=dict)
     headers: dict[str, str] = field(default_factory=dict)
+    observe: ObservePlan = field(default_factory=ObservePlan)
 
     # Built once per run, not per turn: both showed up in the client's CPU profile.
     @functools.cached_property
@@ -60,7 +64,29 @@ class SessionConfig:
 
     @functools.cached_property
     def endpoint(self) -> Endpoint:
-        return Endpoint.parse(self.url)
+        """Where turns are sent: chat completions, or the raw-text endpoint the observe plan chose."""
+        return Endpoint.parse(self.observe.raw_url if self.observe.text_endpoint and self.observe.raw_url else self.url)
+
+    def opening(self, session_id: int) -> list[dict[str, Any]]:
+        """The messages a session starts with: the system prompt and its task."""
+        workload = self.workload
+        return [
+            {"role": "system", "content": workload.system_prompt},
+            {"role": "user", "content": workload.task_for(session_id, self.seed)},
+        ]
+
+    def payload(self, messages: list[dict[str, Any]]) -> dict[str, Any]:
+        """The production chat request for a conversation (before the observe plan adds to it)."""
+        workload = self.workload
+        return {
+            "model": self.model,
+            "messages": messages,
+            "tools": self.tools,
+            "tool_choice": workload.tool_choice,
+            "max_tokens": workload.max_tokens,
+            "temperature": workload.temperature,
+            **self.extra_body,
+        }
 
 
 def _assistant_message(message: dict[str, Any], turn: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -88,18 +114,21 @@ def _assistant_message(message: dict[str, Any], turn: int) -> tuple[dict[str, An
     return history, calls
 
 
-async def _judge(result: TurnResult, tools: Any, tool_choice: Any) -> Verdict:
-    """The turn's verdict; a long reply is judged in a worker thread, so the event loop goes on timing the
+async def _judge(plan: ObservePlan, result: TurnResult, tools: Any, tool_choice: Any, rawtext: RawText | None) -> Judgement:
+    """The turn's verdicts; a long reply is judged in a worker thread, so the event loop goes on timing the
     other sessions (their stall watchdogs, their chunk gaps) meanwhile.
 
     A thread, not a process: the checker is linear and its C calls are short, so the loop gets the GIL back
     every switch interval, and a thread spares pickling a reply of megabytes both ways. A short reply is
     judged in place: a thread hop costs more than its verdict.
     """
-    judge = functools.partial(check, result.message, finish_reason=result.finish_reason, tools=tools, tool_choice=tool_choice)
+    assert result.message is not None
+    verdicts = functools.partial(
+        judge, plan, result.message, finish_reason=result.finish_reason, tools=tools, tool_choice=tool_choice, rawtext=rawtext
+    )
     if len(result.raw) < _OFF_LOOP_BYTES:
-        return judge()
-    return await anyio.to_thread.run_sync(judge, abandon_on_cancel=True)
+        return verdicts()
+    return await anyio.to_thread.run_sync(verdicts, abandon_on_cancel=True)
 
 
 class Session:
@@ -122,12 +151,8 @@ class Session:
         self.origin = origin
         """time.perf_counter() of the run's start; record times are relative to it."""
         self.on_turn = on_turn
-        workload = config.workload
-        self.task = workload.task_for(session_id, config.seed)
-        self.messages: list[dict[str, Any]] = [
-            {"role": "system", "content": workload.system_prompt},
-            {"role": "user", "content": self.task},
-        ]
+        self.messages: list[dict[str, Any]] = config.opening(session_id)
+        self.task = self.messages[-1]["content"]
         self.turns: list[TurnRecord] = []
         self.start_s = self._now()
         self.turn_start_s = self.start_s
@@ -157,26 +182,35 @@ class Session:
         """Play one turn; False when the session cannot go on."""
         config = self.config
         workload = config.workload
-        payload = {
-            "model": config.model,
-            "messages": self.messages,
-            "tools": config.tools,
-            "tool_choice": workload.tool_choice,
-            "max_tokens": workload.max_tokens,
-            "temperature": workload.temperature,
-            **config.extra_body,
-        }
         start_s = self.turn_start_s = self._now()
+        try:
+            body, collector = turn_request(config.observe, config.payload(self.messages))
+        except RenderError as err:
+            # The history holds a call the encoder cannot write: no request can continue this session.
+            self.failure, self.error = "error", str(err)
+            self._add(TurnRecord(index=index, status="error", start_s=start_s, error=self.error), TurnResult(status="error"))
+            return False
         result = await send_turn(
             self.client,
             config.endpoint,
-            payload,
+            body,
             stream=config.stream,
             turn_timeout=budget,
             stall_timeout=config.stall_timeout,
             headers=config.headers or None,
+            max_bytes=config.max_turn_bytes,
+            rawtext=collector,
         )
         record = self._turn_record(index, start_s, result)
+        rawtext: RawText | None = None
+        if collector is not None and result.status == "ok":
+            rawtext = collector.result(result.message)
+            if config.observe.text_endpoint:
+                result.message, result.finish_reason = parse_text(
+                    config.observe, rawtext.text, result.finish_reason,
+                    tools=config.tools, tool_choice=workload.tool_choice, turn=index,
+                )
+                record.finish_reason = result.finish_reason
         if result.status != "ok" or result.message is None:
             self.wedged = self.wedged or result.status == "stalled"
             self.failure = "error" if result.status == "error" else "timeout"
@@ -185,27 +219,41 @@ class Session:
                 self.error = f"session budget of {config.timeout:g}s used up during turn {index}"
             self._add(record, result)
             return False
-        verdict = await _judge(result, config.tools, workload.tool_choice)
-        record.verdict = verdict.label
-        record.findings = [FindingRecord.model_validate(finding.to_dict()) for finding in verdict.findings]
-        if verdict.label == "corrupt":
-            for finding in verdict.findings:
-                if finding.severity == "hard" and finding.rule not in self.rules:
-                    self.rules.append(finding.rule)
+        judgement = await _judge(config.observe, result, config.tools, workload.tool_choice, rawtext)
+        self._record_judgement(record, judgement, rawtext)
         history, calls = _assistant_message(result.message, index)
         record.tool_calls = [call["function"]["name"] for call in calls]
-        self._add(record, result)
+        self._add(record, result, rawtext)
         self.messages.append(history)
         for call in calls:
             output = sandbox.execute(workload, call["function"]["name"], call["function"]["arguments"])
             self.messages.append({"role": "tool", "tool_call_id": call["id"], "content": output})
         if calls:
             return True
-        if verdict.label == "corrupt":
+        if judgement.verdict == "corrupt":
             self.messages.append({"role": "user", "content": workload.recovery_prompt})
             return True
         self.finished = True
         return False
+
+    def _record_judgement(self, record: TurnRecord, judgement: Judgement, rawtext: RawText | None) -> None:
+        """The turn's verdicts and findings into its record; a corrupt turn's hard rules into the session's."""
+        record.verdict = judgement.verdict
+        record.parsed_verdict = judgement.parsed.label
+        record.findings = finding_records(judgement.parsed)
+        if rawtext is not None:
+            record.raw_source, record.raw_complete, record.raw_gap = rawtext.source, rawtext.complete, rawtext.gap
+        if judgement.raw is not None:
+            record.raw_verdict = judgement.raw.label
+            record.raw_findings = finding_records(judgement.raw)
+        if judgement.lost is not None:
+            record.lost_findings = finding_records(judgement.lost)
+        if judgement.verdict != "corrupt":
+            return
+        for verdict in (judgement.parsed, judgement.raw, judgement.lost):
+            for finding in verdict.findings if verdict is not None and verdict.label == "corrupt" else ():
+                if finding.severity == "hard" and finding.rule not in self.rules:
+                    self.rules.append(finding.rule)
 
     def _turn_record(self, index: int, start_s: float, result: TurnResult) -> TurnRecord:
         return TurnRecord(
@@ -224,11 +272,18 @@ class Session:
             cached_tokens=result.cached_tokens,
             request_id=result.request_id,
             error=result.error,
+            truncated_at=result.truncated_at,
         )
 
-    def _add(self, record: TurnRecord, result: TurnResult) -> None:
-        if record.verdict != "clean":
+    def _add(self, record: TurnRecord, result: TurnResult, rawtext: RawText | None = None) -> None:
+        # A turn is kept when either verdict is not clean, so a parser's hidden damage has its evidence.
+        verdicts = (record.verdict, record.raw_verdict or "clean", record.parsed_verdict or "clean")
+        if any(verdict != "clean" for verdict in verdicts) or record.lost_findings:
             record.raw_path = self.keep_raw(self.session_id, record.index, result.raw)
+            if rawtext is not None:
+                record.raw_text_path = self.keep_raw(
+                    self.session_id, record.index, rawtext.text.encode("utf-8", "surrogatepass"), suffix=RAW_TEXT_SUFFIX
+                )
         self.turns.append(record)
         if self.on_turn is not None:
             self.on_turn(record)
@@ -254,6 +309,7 @@ class Session:
             first_corrupt_turn=corrupt[0] if corrupt else None,
             rules=list(self.rules),
             error=self.error,
+            corrupt_seen=corrupt_seen(self.turns),
         )
 
     def interrupted(self) -> SessionRecord:

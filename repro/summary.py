@@ -11,7 +11,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from repro.records import OutcomeCounts, Percentiles, RateEstimate, SessionRecord, Summary
+from repro.records import OutcomeCounts, ParserEffect, Percentiles, RateEstimate, SessionRecord, Summary
 from repro.stats import Interval, assess_inconclusive, clopper_pearson, timeout_bounds
 from repro.stats.verdict import MIN_COMPLETED
 
@@ -45,8 +45,10 @@ def summarize(
     stop_reason: str | None = None,  # why an interrupted run stopped, when no signal stopped it (a full disk)
     lost: int = 0,  # finished sessions that could not be written to sessions.jsonl
     min_completed: int = MIN_COMPLETED,
+    observe: str | None = None,
+    raw_source: str | None = None,
 ) -> Summary:
-    """The summary of a run from its session records."""
+    """The summary of a run from its session records; `observe` and `raw_source` say how turns were judged."""
     tally = OutcomeCounts.of(sessions)
     clean, corrupt, timeout, error = tally.clean, tally.corrupt, tally.timeout, tally.error
     completed = tally.completed
@@ -83,4 +85,7 @@ def summarize(
         loop_lag=percentiles(loop_lag_s) if loop_lag_s else None,
         duration_s=duration_s,
         interrupted=interrupted,
+        observe=observe,
+        raw_source=raw_source,
+        parser_effect=ParserEffect.of(sessions) if observe in ("raw", "both") else None,
     )

@@ -25,6 +25,8 @@ import httptools
 from repro import __version__
 
 _USER_AGENT = f"repro/{__version__}".encode()
+MAX_HEAD_BYTES = 64 * 1024
+"""Status line and headers of one response; more is a hostile or broken server (httptools would buffer it all)."""
 
 
 class TransportError(Exception):
@@ -44,8 +46,11 @@ class ResponseSink(Protocol):
     def waiting(self) -> None:
         """The request is written; from now on the server owes an answer."""
 
-    def headers(self, status: int) -> None:
-        """The status line and headers have arrived."""
+    def head(self) -> None:
+        """Bytes of the status line or headers arrived; called for each piece until the headers are complete."""
+
+    def headers(self, status: int, fields: dict[str, str]) -> None:
+        """The final status line and headers have arrived (names lower-cased; a 1xx hint is not reported)."""
 
     def body(self, data: bytes) -> None:
         """A piece of the body, transfer framing removed."""
@@ -96,6 +101,11 @@ class _Connection(asyncio.Protocol):
         self.heard = False
         """Some byte of the current response has arrived."""
         self.got_headers = False
+        """The final (non-1xx) headers of the current response are complete."""
+        self.head_bytes = 0
+        self.fields: dict[str, str] = {}
+        self.informational = False
+        """The message being parsed is a 1xx hint (103 Early Hints, 100 Continue): the answer follows it."""
         self.refusal: Exception | None = None
         """What a sink method raised: the reason the exchange ends."""
         self.framed = False
@@ -114,11 +124,24 @@ class _Connection(asyncio.Protocol):
             self.close()
             return
         self.heard = True
+        in_head = not self.got_headers
+        if in_head:
+            assert self.sink is not None
+            self.sink.head()
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as err:
             # httptools reports a callback's exception as its own error; the sink's reason is the one to tell.
             self._fail(self.refusal or TransportError(f"malformed HTTP response: {err}"))
+            return
+        except httptools.HttpParserUpgrade:
+            self._fail(TransportError("HTTP 101: the server switched protocols, which was never asked for"))
+            return
+        if in_head and not self.got_headers:
+            # Still no end of the header block, which httptools buffers whole: bound it.
+            self.head_bytes += len(data)
+            if self.head_bytes > MAX_HEAD_BYTES:
+                self._fail(TransportError(f"malformed HTTP response: headers longer than {MAX_HEAD_BYTES} bytes"))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
@@ -133,28 +156,42 @@ class _Connection(asyncio.Protocol):
 
     # httptools callbacks
 
+    def on_message_begin(self) -> None:
+        self.framed = False
+        self.fields = {}
+
     def on_header(self, name: bytes, value: bytes) -> None:
-        if name.lower() in (b"content-length", b"transfer-encoding"):
+        key = name.lower().decode("latin-1")
+        if key in ("content-length", "transfer-encoding"):
             self.framed = True
+        self.fields[key] = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
+        status = self.parser.get_status_code()
+        if 100 <= status < 200 and status != 101:
+            # RFC 9110 §15.2: an interim response; the real one follows on the same connection.
+            self.informational = True
+            return
         self.got_headers = True
-        self._deliver("headers", self.parser.get_status_code())
+        self._deliver("headers", status, self.fields)
 
     def on_body(self, body: bytes) -> None:
         self._deliver("body", body)
 
-    def _deliver(self, method: str, value: object) -> None:
-        """Hand `value` to the sink; what it raises stops the parser and becomes the exchange's end."""
+    def _deliver(self, method: str, *values: object) -> None:
+        """Hand `values` to the sink; what it raises stops the parser and becomes the exchange's end."""
         try:
             if self.sink is None or self.done is None or self.done.done():
                 raise TransportError("malformed HTTP response: more bytes after the response ended")
-            getattr(self.sink, method)(value)
+            getattr(self.sink, method)(*values)
         except Exception as err:
             self.refusal = err
             raise
 
     def on_message_complete(self) -> None:
+        if self.informational:
+            self.informational = False
+            return
         self.reusable = self.parser.should_keep_alive()
         if self.done is not None and not self.done.done():
             self.done.set_result(None)
@@ -169,7 +206,8 @@ class _Connection(asyncio.Protocol):
     def begin(self, sink: ResponseSink, request: bytes) -> asyncio.Future[None]:
         assert self.transport is not None
         self.sink = sink
-        self.heard = self.got_headers = self.framed = self.reusable = False
+        self.heard = self.got_headers = self.framed = self.reusable = self.informational = False
+        self.head_bytes = 0
         self.refusal = None
         self.done = asyncio.get_running_loop().create_future()
         self.transport.write(request)

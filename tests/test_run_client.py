@@ -8,7 +8,7 @@ import anyio
 import pytest
 
 from faulty_servers import start_faulty_server
-from repro.client import TurnResult, make_client, send_turn
+from repro.client import MAX_TURN_BYTES, TurnResult, make_client, send_turn
 from repro.procs import free_port
 from repro.transport import Endpoint
 
@@ -30,7 +30,15 @@ def faulty(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     proc.stop()
 
 
-def turn(url: str, *, stream: bool = True, history: int = 0, turn_timeout: float = 10, stall_timeout: float = 5) -> TurnResult:
+def turn(
+    url: str,
+    *,
+    stream: bool = True,
+    history: int = 0,
+    turn_timeout: float = 10,
+    stall_timeout: float = 5,
+    max_bytes: int = MAX_TURN_BYTES,
+) -> TurnResult:
     messages: list[dict[str, Any]] = [{"role": "user", "content": "fix it"}]
     messages += [{"role": "assistant", "content": "ok"}] * history
 
@@ -38,7 +46,8 @@ def turn(url: str, *, stream: bool = True, history: int = 0, turn_timeout: float
         async with make_client(2) as client:
             payload = {"model": "m", "messages": messages, "tools": TOOLS}
             return await send_turn(
-                client, Endpoint.parse(url), payload, stream=stream, turn_timeout=turn_timeout, stall_timeout=stall_timeout
+                client, Endpoint.parse(url), payload, stream=stream, turn_timeout=turn_timeout,
+                stall_timeout=stall_timeout, max_bytes=max_bytes,
             )
 
     return anyio.run(go)
@@ -95,3 +104,52 @@ def test_stall_and_turn_timeout_are_told_apart(faulty: str) -> None:
     assert stalled.status == "stalled" and stalled.chunks == 1
     slow = turn(f"{faulty}/slow:0.2/v1/chat/completions", turn_timeout=0.5, stall_timeout=5)
     assert slow.status == "timeout" and slow.error == "turn exceeded 0.5s"
+
+
+def test_deep_nesting_in_an_event_or_a_body_is_an_error_not_a_crash(faulty: str) -> None:
+    streamed = turn(f"{faulty}/deep/v1/chat/completions")
+    assert streamed.status == "error" and streamed.error is not None
+    assert streamed.error.startswith("malformed stream: event is not JSON (JSON nested deeper")
+    whole = turn(f"{faulty}/deep/v1/chat/completions", stream=False)
+    assert whole.status == "error" and whole.error is not None
+    assert whole.error.startswith("malformed response: not JSON (JSON nested deeper")
+
+
+def test_deeply_nested_tool_arguments_arrive_whole_as_a_string(faulty: str) -> None:
+    result = turn(f"{faulty}/deep-args/v1/chat/completions")
+    assert result.status == "ok" and result.message is not None
+    assert result.message["tool_calls"][0]["function"]["arguments"] == "[" * 5000 + "]" * 5000
+
+
+def test_an_early_hint_before_the_answer_is_no_malformed_stream(faulty: str) -> None:
+    for stream in (True, False):
+        result = turn(f"{faulty}/early-hints/v1/chat/completions", stream=stream)
+        assert result.status == "ok", result.error
+        assert result.http_status == 200 and result.message is not None and result.message["tool_calls"]
+
+
+def test_a_redirect_is_named_with_its_target_and_not_followed(faulty: str) -> None:
+    for stream in (True, False):
+        result = turn(f"{faulty}/redirect/v1/chat/completions", stream=stream)
+        assert (result.status, result.http_status) == ("error", 307)
+        assert result.error == "HTTP 307 redirect to '/good/v1/chat/completions' (not followed)"
+
+
+def test_headers_that_drip_forever_are_not_called_a_stall(faulty: str) -> None:
+    result = turn(f"{faulty}/drip-headers/v1/chat/completions", stall_timeout=1)
+    assert result.status == "error" and result.http_status is None
+    assert result.error is not None and result.error.startswith("headers not complete after 1s")
+    silent = turn(f"{faulty}/stall/v1/chat/completions", history=1, stall_timeout=0.5)
+    assert silent.status == "stalled" and silent.error == "no bytes for 0.5s"
+
+
+def test_an_endless_stream_of_comments_is_cut_at_the_byte_cap(faulty: str) -> None:
+    result = turn(f"{faulty}/comments/v1/chat/completions", max_bytes=300_000, turn_timeout=30)
+    assert result.status == "error" and result.error == "response exceeded 300000 bytes; reading stopped there"
+    assert result.truncated_at == len(result.raw) == 300_000 and result.raw.startswith(b": keep-alive")
+
+
+def test_a_big_answer_under_the_cap_is_whole(faulty: str) -> None:
+    result = turn(f"{faulty}/huge-loop/v1/chat/completions", max_bytes=8_000_000)
+    assert result.status == "ok" and result.truncated_at is None and result.message is not None
+    assert len(result.message["tool_calls"][0]["function"]["arguments"]) > 2_000_000

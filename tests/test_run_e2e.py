@@ -75,16 +75,20 @@ def test_small_run_against_the_sim_matches_its_fault_log(
             if turn.verdict != "clean":
                 assert turn.raw_path and (result.path / turn.raw_path).stat().st_size > 0
 
-    # The harness's verdicts agree with the faults the simulator's parser let through (the log's "visible"
-    # ones), session by session and turn by turn; the raw text of every logged fault is corrupt.
+    # The harness's verdicts agree with the simulator's fault log, session by session and turn by turn: the
+    # run judged the raw text too (`both`, the default), so every injected fault counts; the parsed verdict
+    # alone finds the faults the simulator's parser let through (the log's "visible" ones).
     records = [json.loads(line) for line in faults.read_text().splitlines() if line.strip()]
     assert records and all(r["raw_verdict"] == "corrupt" for r in records)
-    logged = {r["request_id"] for r in records if r["parser_effect"] == "visible"}
-    assert logged, "the simulator's parser let no fault through: nothing to compare"
+    assert manifest.observe is not None and manifest.observe["mode"] == "both"
+    logged = {r["request_id"] for r in records}
+    visible = {r["request_id"] for r in records if r["parser_effect"] == "visible"}
+    assert visible, "the simulator's parser let no fault through: nothing to compare"
     for session in loaded.sessions:
         hit = {turn.request_id for turn in session.turns} & logged
         assert (session.outcome == "corrupt") == bool(hit), (session.session_id, hit)
         assert {turn.request_id for turn in session.turns if turn.verdict == "corrupt"} == hit
+        assert {turn.request_id for turn in session.turns if turn.parsed_verdict == "corrupt"} == hit & visible
 
     metrics = (result.path / "metrics.csv").read_text().splitlines()
     assert metrics[0] == "elapsed_s,metric,labels,value"

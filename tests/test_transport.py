@@ -16,7 +16,7 @@ import anyio
 import pytest
 import trustme
 
-from repro.transport import Endpoint, HTTPClient, TransportError
+from repro.transport import MAX_HEAD_BYTES, Endpoint, HTTPClient, TransportError
 
 BODY = b'{"messages": []}'
 PIECES = [b"data: one\n\n", b"data: two\n\n", b"data: [DONE]\n\n"]
@@ -32,6 +32,7 @@ ANSWER_THEN_CLOSE = {
     "/until-eof": b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\nthe body ends where the connection does",
     "/garbage": b"SPDY/9 maybe\r\n\r\n",
     "/cut": CHUNKED + _frame(PIECES[0]),  # then the connection closes mid-body
+    "/header-flood": b"HTTP/1.1 200 OK\r\nx-flood: " + b"a" * 200_000,  # a header block that never ends
 }
 
 
@@ -74,6 +75,11 @@ class Server:
         if path == "/ok" or (path == "/once" and served == 0):
             writer.write(CHUNKED + b"".join(_frame(piece) for piece in PIECES) + b"0\r\n\r\n")
             return True
+        if path == "/early-hints":
+            writer.write(b"HTTP/1.1 103 Early Hints\r\nlink: </a.css>; rel=preload\r\n\r\n")
+            await writer.drain()
+            writer.write(CHUNKED.replace(b"\r\n\r\n", b"\r\nx-final: yes\r\n\r\n") + _frame(PIECES[0]) + b"0\r\n\r\n")
+            return True
         if path in ("/once", "/drop"):
             return False  # read the request, then hang up without a word
         if path == "/hold":
@@ -101,6 +107,8 @@ class Server:
 class Sink:
     events: list[str] = field(default_factory=list)
     status: int | None = None
+    fields: dict[str, str] = field(default_factory=dict)
+    head_pieces: int = 0
     data: bytearray = field(default_factory=bytearray)
     refuse: bool = False
     first_body: anyio.Event = field(default_factory=anyio.Event)
@@ -111,8 +119,12 @@ class Sink:
     def waiting(self) -> None:
         self.events.append("waiting")
 
-    def headers(self, status: int) -> None:
+    def head(self) -> None:
+        self.head_pieces += 1
+
+    def headers(self, status: int, fields: dict[str, str]) -> None:
         self.status = status
+        self.fields = fields
 
     def body(self, data: bytes) -> None:
         if self.refuse:
@@ -208,6 +220,24 @@ def test_a_response_that_is_not_http_and_a_cut_body_are_transport_errors() -> No
         with pytest.raises(TransportError, match="connection closed by server"):
             await post(client, f"{url}/cut", sink)
         assert bytes(sink.data) == PIECES[0]
+
+    serve(test)
+
+
+def test_an_early_hint_is_skipped_and_the_answer_after_it_is_the_response() -> None:
+    async def test(server: Server, client: HTTPClient, url: str) -> None:
+        for _ in range(2):
+            sink = await post(client, f"{url}/early-hints")
+            assert sink.status == 200 and sink.fields.get("x-final") == "yes" and "link" not in sink.fields
+            assert bytes(sink.data) == PIECES[0] and sink.head_pieces >= 1
+
+    assert serve(test).connections == 1
+
+
+def test_a_header_block_that_never_ends_is_refused_at_a_bound() -> None:
+    async def test(server: Server, client: HTTPClient, url: str) -> None:
+        with pytest.raises(TransportError, match=f"headers longer than {MAX_HEAD_BYTES} bytes"):
+            await post(client, f"{url}/header-flood")
 
     serve(test)
 

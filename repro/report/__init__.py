@@ -14,6 +14,8 @@ from repro.report.html import render_html
 from repro.report.junit import render_junit
 from repro.report.markdown import render_markdown
 from repro.report.model import ReportModel, build_model
+from repro.store import _atomic_write as atomic_write
+from repro.untrusted import scrub_surrogates
 
 if TYPE_CHECKING:
     from repro.report.plots import Plot
@@ -47,8 +49,10 @@ def _plots(model: ReportModel) -> list[Plot]:
 
 
 def _write(path: Path, text: str, what: str) -> None:
+    """Write whole or not at all (a temporary file renamed over `path`), never a half or empty report."""
     try:
-        Path(path).write_text(text, encoding="utf-8")
+        # Model output may hold lone surrogates, which UTF-8 cannot encode: they become U+FFFD.
+        atomic_write(Path(path), scrub_surrogates(text))
     except OSError as err:
         raise UsageError(f"{what} {path}: cannot write ({err.strerror or err})") from None
 

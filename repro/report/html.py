@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import jinja2
 
 from repro.records import OUTCOMES
-from repro.report.model import ReportModel, fmt_conf, fmt_pct, fmt_points
+from repro.report.model import ReportModel, clip, fmt_conf, fmt_pct, fmt_points
 
 if TYPE_CHECKING:
     from repro.report.plots import Plot
@@ -45,7 +45,7 @@ def _secs(x: float | None) -> str:
     return "—" if x is None else f"{x:.1f} s"
 
 
-_ENV.filters.update(pct=fmt_pct, conf=fmt_conf, num=_num, p=_p, points=fmt_points, secs=_secs)
+_ENV.filters.update(pct=fmt_pct, conf=fmt_conf, num=_num, p=_p, points=fmt_points, secs=_secs, clip=clip)
 
 
 def render_html(model: ReportModel, plots: list[Plot]) -> str:

@@ -6,14 +6,14 @@ import re
 import xml.etree.ElementTree as ET
 from typing import Any, Sequence
 
-from repro.report.model import ReportModel, RunView
+from repro.report.model import ReportModel, RunView, clip
 
 _NOT_XML = re.compile("[^\u0009\u000a\u000d\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
 
 def xml_text(value: object) -> str:
-    """Text XML 1.0 can carry: control characters from untrusted names or lines are replaced."""
-    return _NOT_XML.sub("\ufffd", "" if value is None else str(value))
+    """Text XML 1.0 can carry, bounded in length: control characters from untrusted names or lines are replaced."""
+    return _NOT_XML.sub("\ufffd", clip(value))
 
 
 def add_properties(parent: ET.Element, values: dict[str, Any]) -> None:

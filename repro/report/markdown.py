@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import re
 
-from repro.report.model import ReportModel, fmt_conf, fmt_pct, fmt_points, fmt_range
+from repro.records import ParserEffect
+from repro.report.model import ReportModel, clip, fmt_conf, fmt_pct, fmt_points, fmt_range
 
 # Only what acts mid-line: emphasis, code, links, tables, strikethrough, @mentions and #issue links.
 _SPECIAL = re.compile(r"([\\`*_\[\]|~@#])")
@@ -16,14 +17,23 @@ _ICON = {"corrupt": "🔴", "clean": "🟢", "inconclusive": "🟠"}
 
 
 def md_escape(text: object) -> str:
-    """Text safe in a Markdown table cell: no HTML, no Markdown syntax, no line breaks."""
-    value = str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    """Text safe in a Markdown table cell: no HTML, no Markdown syntax, no line breaks; bounded in length."""
+    value = clip(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
     return _SPECIAL.sub(r"\\\1", re.sub(r"\s+", " ", value))
 
 
 def _code(text: str) -> str:
     """A code span: nothing inside it is Markdown, so only backticks and line breaks must go."""
-    return "`" + re.sub(r"[`\s]+", " ", text) + "`"
+    return "`" + re.sub(r"[`\s]+", " ", clip(text)) + "`"
+
+
+def _effect(effect: ParserEffect | None, kind: str) -> str:
+    """`hidden` or `made` sessions of the parser, over the sessions that verdict found corrupt."""
+    if effect is None:
+        return "—"
+    if kind == "hidden":
+        return f"{effect.hidden_sessions}/{effect.raw_corrupt_sessions} = {fmt_pct(effect.hidden_share)}"
+    return f"{effect.made_sessions}/{effect.parsed_corrupt_sessions} = {fmt_pct(effect.made_share)}"
 
 
 def render_markdown(model: ReportModel) -> str:
@@ -34,15 +44,16 @@ def render_markdown(model: ReportModel) -> str:
         lines.extend(f"  - {md_escape(detail)}" for detail in run.verdict.details)
         lines.append("")
     lines += [
-        f"| run | sessions | clean | corrupt | timeout | error | wedged | corruption rate | {conf} CI | upper bound |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"| run | sessions | clean | corrupt | timeout | error | wedged | corruption rate | {conf} CI | upper bound "
+        "| judged | parser hid | parser made |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|",
     ]
     for run in model.runs:
         c = run.counts
         lines.append(
             f"| {md_escape(run.name)} | {c.total} | {c.clean} | {c.corrupt} | {c.timeout} | {c.error} | {c.wedged} "
             f"| {c.corrupt}/{c.completed} = {fmt_pct(run.rate.estimate)} | {fmt_range(run.rate.low, run.rate.high)} "
-            f"| {fmt_pct(run.upper)} |"
+            f"| {fmt_pct(run.upper)} | {run.observe} | {_effect(run.effect, 'hidden')} | {_effect(run.effect, 'made')} |"
         )
     if model.comparisons:
         lines += [

@@ -13,7 +13,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Sequence
 
-from repro.records import OutcomeCounts, SessionRecord, TurnRecord
+from repro.records import FindingRecord, OutcomeCounts, ParserEffect, SessionRecord, TurnRecord
 from repro.report.raw import RawExcerpt, read_raw, response_fields
 from repro.stats import Inconclusive, Interval, assess_inconclusive, clopper_pearson, timeout_bounds, upper_bound
 from repro.stats.verdict import MAX_TIMEOUT_FRACTION, MIN_COMPLETED
@@ -30,6 +30,23 @@ VerdictKind = Literal["corrupt", "clean", "inconclusive"]
 
 CONTEXT_CHARS = 400
 """Characters of model output shown on each side of an offending span."""
+HIT_CHARS = 4000
+"""Characters of an offending span shown; a repetition loop can make one span megabytes long."""
+TEXT_CHARS = 1000
+"""Characters shown of any other stored text (a task, an error, a tool name, a request id)."""
+
+
+def clip_more(text: str, limit: int) -> tuple[str, int]:
+    """The first `limit` characters of `text`, and how many UTF-8 bytes were left out after them."""
+    if len(text) <= limit:
+        return text, 0
+    return text[:limit], len(text[limit:].encode("utf-8", "surrogatepass"))
+
+
+def clip(text: object, limit: int = TEXT_CHARS) -> str:
+    """`text` bounded for a report, ending in a visible "… N more bytes" marker when it was cut."""
+    shown, more = clip_more("" if text is None else str(text), limit)
+    return f"{shown} … {more} more bytes" if more else shown
 
 
 def fmt_pct(x: float | None, *, precise: bool = False) -> str:
@@ -84,6 +101,8 @@ class FindingView:
     after: str
     in_context: bool
     """False when the field's text could not be recovered from the raw bytes: `hit` is the stored excerpt."""
+    hit_more: int = 0
+    """Bytes of the span left out after `hit` (which holds its first HIT_CHARS characters)."""
 
 
 @dataclass(frozen=True)
@@ -99,6 +118,16 @@ class TurnView:
     e2e_s: float | None
     findings: list[FindingView]
     raw: RawExcerpt | None
+    parsed_verdict: str | None = None
+    raw_verdict: str | None = None
+    """None in parsed mode or when the raw text was not whole (`raw_gap` says why)."""
+    raw_source: str | None = None
+    raw_gap: str | None = None
+    raw_findings: list[FindingView] = field(default_factory=list)
+    """Findings on the text the model generated, cut out of the rebuilt raw text."""
+    raw_text: RawExcerpt | None = None
+    lost_findings: list[FindingView] = field(default_factory=list)
+    """What the server's parse lost of the raw text (`call-lost`, `param-lost`)."""
 
 
 @dataclass(frozen=True)
@@ -125,7 +154,7 @@ class SessionView:
 
         Built on first use, so only the sessions a page shows in full read and parse their raw bytes.
         """
-        return [_turn_view(self.run, t) for t in self.record.turns if not (t.status == "ok" and t.verdict == "clean")]
+        return [_turn_view(self.run, t) for t in self.record.turns if not _all_clean(t)]
 
 
 @dataclass(frozen=True)
@@ -155,6 +184,10 @@ class RunView:
     """metrics.csv (t_s or elapsed_s, metric, labels, value) when present and readable."""
     notes: list[str]
     """Problems with the run directory that the report worked around (a torn metrics file, …)."""
+    observe: str = "parsed"
+    """What the run judged: parsed (runs from before raw mode too), raw or both."""
+    effect: ParserEffect | None = None
+    """How much damage the server's parser hid and made (raw and both modes)."""
 
 
 @dataclass(frozen=True)
@@ -194,11 +227,11 @@ def _option(run: Run, key: str, default: Any) -> Any:
 
 
 def verdict_for(counts: OutcomeCounts, rate: Interval, upper: float, worst: Interval, best: Interval,
-                assessment: Inconclusive, *, interrupted_run: bool = False) -> Verdict:
+                assessment: Inconclusive, *, interrupted_run: bool = False, effect: ParserEffect | None = None) -> Verdict:
     """The banner's words. Evidence wins: any corrupt session makes the run corrupt, whatever timed out."""
     conf = fmt_conf(rate.confidence)
     k, n = counts.corrupt, counts.completed
-    details: list[str] = []
+    details: list[str] = [effect.describe()] if effect is not None else []
     if counts.timeout:
         details.append(
             f"{counts.timeout} of {counts.total} sessions timed out; counting each as corrupt or as clean, "
@@ -255,28 +288,44 @@ def read_metrics(run_dir: Path) -> tuple[pd.DataFrame | None, str | None]:
     return frame.dropna(subset=["t_s", "value"]), None
 
 
-def _turn_view(run: Run, turn: TurnRecord) -> TurnView:
-    raw = read_raw(run.path, turn.raw_path) if turn.raw_path else None
-    texts = response_fields(raw.data) if raw is not None else {}
+def _all_clean(turn: TurnRecord) -> bool:
+    """An answered turn that every verdict it carries calls clean."""
+    verdicts = (turn.verdict, turn.parsed_verdict or "clean", turn.raw_verdict or "clean")
+    return turn.status == "ok" and all(v == "clean" for v in verdicts) and not turn.lost_findings
+
+
+def _finding_views(found: list[FindingRecord], texts: dict[str, str]) -> list[FindingView]:
+    """Each finding with its span cut out of its field's text, or its stored excerpt when the text is not there."""
     findings: list[FindingView] = []
-    for finding in turn.findings:
+    for finding in found:
         text = texts.get(finding.field)
         if text is not None and 0 <= finding.start <= finding.end <= len(text):
+            hit, more = clip_more(text[finding.start : finding.end], HIT_CHARS)
             findings.append(
                 FindingView(
                     rule=finding.rule,
                     field=finding.field,
                     severity=finding.severity,
                     before=text[max(0, finding.start - CONTEXT_CHARS) : finding.start],
-                    hit=text[finding.start : finding.end],
+                    hit=hit,
                     after=text[finding.end : finding.end + CONTEXT_CHARS],
                     in_context=True,
+                    hit_more=more,
                 )
             )
         else:
+            hit, more = clip_more(finding.excerpt, HIT_CHARS)
             findings.append(
-                FindingView(finding.rule, finding.field, finding.severity, "", finding.excerpt, "", False)
+                FindingView(finding.rule, finding.field, finding.severity, "", hit, "", False, more)
             )
+    return findings
+
+
+def _turn_view(run: Run, turn: TurnRecord) -> TurnView:
+    raw = read_raw(run.path, turn.raw_path) if turn.raw_path else None
+    texts = response_fields(raw.data) if raw is not None else {}
+    raw_text = read_raw(run.path, turn.raw_text_path) if turn.raw_text_path else None
+    generated = {"raw": raw_text.data.decode("utf-8", "replace")} if raw_text is not None else {}
     return TurnView(
         index=turn.index,
         status=turn.status,
@@ -287,8 +336,15 @@ def _turn_view(run: Run, turn: TurnRecord) -> TurnView:
         error=turn.error,
         ttft_s=turn.ttft_s,
         e2e_s=turn.e2e_s,
-        findings=findings,
+        findings=_finding_views(turn.findings, texts),
         raw=raw.excerpt if raw is not None else None,
+        parsed_verdict=turn.parsed_verdict,
+        raw_verdict=turn.raw_verdict,
+        raw_source=turn.raw_source,
+        raw_gap=turn.raw_gap,
+        raw_findings=_finding_views(turn.raw_findings, generated),
+        raw_text=raw_text.excerpt if raw_text is not None else None,
+        lost_findings=_finding_views(turn.lost_findings, texts),
     )
 
 
@@ -327,6 +383,8 @@ def run_view(run: Run, *, confidence: float = 0.95) -> RunView:
     upper = upper_bound(counts.corrupt, counts.completed, confidence)
     metrics, metrics_note = read_metrics(run.path)
     interrupted = bool(run.summary and run.summary.interrupted)
+    observe = str((run.manifest.observe or {}).get("mode") or "parsed")
+    effect = ParserEffect.of(run.sessions) if observe in ("raw", "both") else None
     target = run.manifest.target
     by_outcome = {
         outcome: [_session_view(run, s) for s in run.sessions if s.outcome == outcome]
@@ -343,7 +401,7 @@ def run_view(run: Run, *, confidence: float = 0.95) -> RunView:
         worst=worst,
         best=best,
         assessment=assessment,
-        verdict=verdict_for(counts, rate, upper, worst, best, assessment, interrupted_run=interrupted),
+        verdict=verdict_for(counts, rate, upper, worst, best, assessment, interrupted_run=interrupted, effect=effect),
         corrupt_sessions=by_outcome["corrupt"],
         timeout_sessions=by_outcome["timeout"],
         error_sessions=by_outcome["error"],
@@ -354,6 +412,8 @@ def run_view(run: Run, *, confidence: float = 0.95) -> RunView:
         gate=run.summary.gate if run.summary is not None else None,
         metrics=metrics,
         notes=[metrics_note] if metrics_note else [],
+        observe=observe,
+        effect=effect,
     )
 
 

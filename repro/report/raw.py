@@ -6,12 +6,12 @@ that leaves the run directory is refused, and every failure to parse just yields
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from dsml_checker import StreamAccumulator
+from repro.untrusted import parse_json
 
 HEAD_BYTES = 6000
 TAIL_BYTES = 2000
@@ -79,7 +79,7 @@ def _events(text: str) -> list[Any]:
         data = "\n".join(line[5:].removeprefix(" ") for line in event.split("\n") if line.startswith("data:"))
         if data.strip() and data.strip() != "[DONE]":
             try:
-                payloads.append(json.loads(data))
+                payloads.append(parse_json(data))
             except ValueError:
                 continue
     return payloads
@@ -94,7 +94,7 @@ def response_fields(data: bytes) -> dict[str, str]:
     text = _decode(data)
     if text.lstrip().startswith("{"):
         try:
-            body = json.loads(text)
+            body = parse_json(text)
         except ValueError:
             return {}
         choices = body.get("choices") if isinstance(body, dict) else None

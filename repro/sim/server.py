@@ -40,7 +40,7 @@ from repro.sim.raw_api import (
     completion_body,
     generate_body,
 )
-from repro.sim.tokens import token_logprobs
+from repro.sim.tokens import token_logprobs, tokenize
 
 READY_BANNER = "The server is fired up and ready to roll!"
 
@@ -126,8 +126,10 @@ class Simulator:
             if request.logprobs and self.config.logprobs_coverage != "none":
                 logprobs = tuple(token_logprobs(emitted, top_logprobs=request.top_logprobs or 0,
                                                 coverage=self.config.logprobs_coverage, has_calls=bool(output.calls)))
+            # Usage counts the pseudo-tokens logprobs are served for, one per generated token as on a real
+            # server (a client checks its logprobs against it); the engine's clock keeps its own count.
             reply.set_result(Reply(request_id, self.config.served_model_name, now_s(), output, reason,
-                                   prompt_tokens, tokens, engine_request.cached_tokens, emitted, logprobs))
+                                   prompt_tokens, len(tokenize(emitted)), engine_request.cached_tokens, emitted, logprobs))
             return tokens
 
         def on_wedged(wedge: Wedge) -> None:

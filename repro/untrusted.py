@@ -1,0 +1,78 @@
+"""Text from a server or a model, made safe to parse and to store.
+
+`parse_json` is the one way the harness parses JSON it did not write: a runaway `[[[[…` is a
+ValueError like any other bad JSON, never a RecursionError that unwinds the task group, and what it
+returns is nested shallowly enough for `str`, `json.dumps` and pydantic to handle anywhere.
+`scrub_surrogates` makes a string encodable as UTF-8: JSON may escape lone surrogates (`"\\ud800"`),
+which no UTF-8 file can hold.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+MAX_DEPTH = 256
+"""Deepest nesting accepted. Chat-completion JSON nests a handful of levels; Python's own limit is ~1,000."""
+
+REPLACEMENT = "\ufffd"
+"""What a lone surrogate becomes in stored text (the raw bytes on disk keep the original escape)."""
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+class NestingError(ValueError):
+    """JSON nested deeper than MAX_DEPTH."""
+
+
+def parse_json(data: str | bytes | bytearray) -> Any:
+    """`json.loads` for untrusted text: ValueError (NestingError when too deep) for anything that is not sane JSON."""
+    try:
+        value = json.loads(data)
+    except RecursionError:
+        raise NestingError(f"JSON nested deeper than {MAX_DEPTH} levels") from None
+    # A short text cannot nest deeply, and the count of opening brackets (C-fast) bounds the depth:
+    # the value is walked only past both bounds, so the streamed events of a turn cost next to nothing.
+    if len(data) > 2 * MAX_DEPTH and _openings(data) > MAX_DEPTH and json_depth(value) > MAX_DEPTH:
+        raise NestingError(f"JSON nested deeper than {MAX_DEPTH} levels")
+    return value
+
+
+def _openings(data: str | bytes | bytearray) -> int:
+    if isinstance(data, str):
+        return data.count("[") + data.count("{")
+    return data.count(b"[") + data.count(b"{")
+
+
+def json_depth(value: Any) -> int:
+    """How deeply lists and objects nest in `value` (0 for a scalar), counted without recursion."""
+    if not isinstance(value, (dict, list)):
+        return 0
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        children = item.values() if isinstance(item, dict) else item
+        deepest = max(deepest, level)
+        stack.extend((child, level + 1) for child in children if isinstance(child, (dict, list)))
+    return deepest
+
+
+def scrub_surrogates(text: str) -> str:
+    """`text` with every lone surrogate replaced by U+FFFD, so it encodes as UTF-8; unchanged when it already does."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return _SURROGATE.sub(REPLACEMENT, text)
+    return text
+
+
+def scrub_json(value: Any) -> Any:
+    """`value` (JSON-shaped: dicts, lists, strings, numbers) with `scrub_surrogates` applied to every string and key."""
+    if isinstance(value, str):
+        return scrub_surrogates(value)
+    if isinstance(value, dict):
+        return {scrub_json(key): scrub_json(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [scrub_json(item) for item in value]
+    return value
