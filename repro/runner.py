@@ -432,7 +432,7 @@ def execute_run(
         observed = _observe(options, config, base_url, headers)
         config = dataclasses.replace(config, observe=observed.plan)
         for warning in observed.warnings:
-            say(console, warning)
+            say(console, writer.scrub_text(warning))  # a probe's error may quote a server that echoed the key
         manifest = Manifest(
             name=name,
             run_id=run_dir.name,

@@ -168,6 +168,10 @@ class RunWriter:
             data = data.replace(secret, REDACTED)
         return data
 
+    def scrub_text(self, text: str) -> str:
+        """`text` with the run's secrets cut out, for what is shown rather than written."""
+        return self._scrub(text.encode("utf-8", "surrogateescape")).decode("utf-8", "surrogateescape")
+
     def _failed(self, err: OSError) -> None:
         """The first failed write: remember it, and give the reserve back for what must still be saved."""
         if self.full is None:
