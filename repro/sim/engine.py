@@ -60,7 +60,7 @@ class Costs:
     """Per token and layer: MLA latent + rope, fp8."""
     index_k_bytes_fp8: int = 132
     """Per token and layer: the fused fp8 index-K with its scale; `--index-k-dtype bf16` doubles it."""
-    link_bytes_per_s: float = 1.7e9
+    link_bytes_per_s: float = 1.6e9
     """Effective host-to-device rate of page-scattered layer copies, far below the PCIe peak.
 
     The calibration knob: with the default workload it puts bf16 at 10-20% of 60 sessions and fp8 at
