@@ -70,6 +70,21 @@ def test_a_separable_interaction_is_inconclusive_and_the_main_effects_still_get_
     assert "The interaction cuda_graph off × index_k bf16: inconclusive (the Firth fit could not" in analysis.verdict
 
 
+SINGULAR_REFIT = {("b", "b", "a", "a"): 1, ("b", "b", "a", "b"): 3, ("b", "b", "b", "a"): 28, ("b", "b", "b", "b"): 1}
+"""Counts (of 30 per cell) on which the profile-likelihood refits of firthmodels raise LinAlgError ("Weighted
+design matrix is rank deficient"): corruption only where f0 and f1 are both set, peaking in one corner."""
+
+
+def test_a_singular_profile_refit_leaves_that_term_inconclusive_and_the_rest_estimated() -> None:
+    spec = make_spec(["f0", "f1", "f2", "f3"])
+    analysis = analyse_counts(spec, lambda cell: {
+        "clean": 30 - SINGULAR_REFIT.get(tuple(cell[f] for f in spec.factors), 0),
+        "corrupt": SINGULAR_REFIT.get(tuple(cell[f] for f in spec.factors), 0), "timeout": 0, "error": 0,
+    })
+    assert_well_formed(analysis)
+    assert any(e.p is not None for e in analysis.factors + analysis.interactions)
+
+
 def _level_names(index: int, count: int) -> list[str]:
     return [f"l{index}{chr(ord('a') + i)}" for i in range(count)]
 

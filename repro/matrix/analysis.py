@@ -344,16 +344,29 @@ def firth(
     y = np.tile([1, 0], len(cells))
     weights = np.array([w for _, c in cells for w in (c.corrupt, c.clean)], dtype=float)
     max_iter = 100
+    pvalues = np.full(len(columns), np.nan)
+    intervals = np.full((len(columns), 2), np.nan)
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore")
-        model = FirthLogisticRegression(backend="numpy", max_iter=max_iter).fit(x, y, sample_weight=weights)
+        # The refits behind the likelihood-ratio tests and profile intervals constrain one term at a time;
+        # near separation the constrained design goes singular and the library raises rather than
+        # returning NaN. What could not be computed stays NaN and is reported as not estimable.
+        try:
+            model = FirthLogisticRegression(backend="numpy", max_iter=max_iter).fit(x, y, sample_weight=weights)
+        except np.linalg.LinAlgError as exc:
+            return {name: FirthTerm(None, None, None, None, f"the Firth fit failed: {exc}") for name, _ in columns}
         converged = bool(getattr(model, "converged_", True))
         if converged:
-            model.lrt()
-            intervals = model.conf_int(method="pl")
-        else:
-            intervals = np.full((len(columns), 2), np.nan)
-    pvalues = model.lrt_pvalues_ if converged else np.full(len(columns), np.nan)
+            for i in range(len(columns)):
+                try:
+                    model.lrt(i)
+                    pvalues[i] = model.lrt_pvalues_[i]
+                except np.linalg.LinAlgError:
+                    pass
+                try:
+                    intervals[i] = model.conf_int(method="pl", features=i)[i]
+                except np.linalg.LinAlgError:
+                    pass
     return {
         name: _firth_term(
             float(model.coef_[i]), float(intervals[i][0]), float(intervals[i][1]), float(pvalues[i]), converged, max_iter
