@@ -130,6 +130,10 @@ def run_command(
     max_corruption_rate: float | None = typer.Option(
         None, "--max-corruption-rate", help="Gate the run: exit 1 unless the rate is shown below this."
     ),
+    until_decided: bool | None = typer.Option(
+        None, "--until-decided", help="Run in waves of --concurrency; stop once the gate's answer is known (--sessions caps)."
+    ),
+    confidence: float | None = typer.Option(None, "--confidence", help="Confidence of the gate and the stopping rule (default: 0.95)."),
     observe: str | None = typer.Option(
         None, "--observe", help="Judge raw|parsed|both: the model's raw text, the parsed message, or both (default: both where the target shows raw text)."
     ),

@@ -4,7 +4,8 @@ Pure evaluation over loaded runs; the CLI prints the lines and exits with the co
 design.md: 0 passed, 1 failed (the rate is shown to exceed the limit or the baseline), 125 inconclusive
 (so `git bisect run` skips), 2 bad input (a UsageError before any check). A run that did not finish
 (no summary, interrupted, fewer sessions recorded than planned) or whose records are damaged is
-inconclusive, never a pass: its evidence is partial or unusable.
+inconclusive, never a pass: its evidence is partial or unusable. A `repro run --until-decided` run that
+stopped because it was decided is finished; its rate check replays the run's looks (repro.stopping).
 """
 
 from __future__ import annotations
@@ -80,6 +81,10 @@ def _finished(run: Run, *, allow_partial: bool) -> GateCheck:
     elif summary.interrupted:
         why = [reason for reason in summary.inconclusive_reasons if reason.startswith("the run ")]
         problem = f"the run did not finish: {why[0] if why else 'interrupted'}; {recorded} sessions recorded"
+    elif summary.stopping is not None and summary.stopping.decision != "undecided" and recorded == summary.stopping.sessions:
+        numbers["stopped"] = summary.stopping.decision
+        return GateCheck("finished", "pass", f"finished: ok: stopped when decided ({summary.stopping.decision}) after "
+                         f"{recorded} of {planned} sessions at most", numbers)
     elif isinstance(planned, int) and recorded < planned:
         problem = f"only {recorded} of {planned} planned sessions recorded"
     elif summary.sessions != len(run.sessions):
@@ -141,6 +146,27 @@ def _rate(counts: OutcomeCounts, *, limit: float, confidence: float) -> GateChec
                      "run more sessions", numbers)
 
 
+def _sequential_rate(run: Run, *, limit: float, confidence: float, min_completed: int) -> GateCheck:
+    """The rate check of a `--until-decided` run: its looks replayed from sessions.jsonl under the gate's own
+    limit and confidence. The confidence sequence is valid at every look at once, so the verdict keeps its
+    error rate whatever made the run stop (repro.stopping)."""
+    from repro.stopping import StoppingRule, waves_of
+
+    assert run.summary is not None and run.summary.stopping is not None
+    rule = StoppingRule(limit=limit, confidence=confidence, min_completed=min_completed)
+    looks = rule.replay(waves_of(run.sessions, run.summary.stopping.wave))
+    last = looks[-1] if looks else rule.look(0, 0, 0)
+    numbers = {"k": last.corrupt, "n": last.completed, "lower": last.low, "upper": last.high, "limit": limit,
+               "confidence": confidence, "looks": len(looks), "method": "confidence sequence"}
+    line = f"looks replayed: {len(looks)}; {rule.describe(last)}"
+    if last.decision == "fail":
+        return GateCheck("corruption-rate", "fail", f"corruption-rate: FAIL: {line}", numbers)
+    if last.decision == "pass":
+        return GateCheck("corruption-rate", "pass", f"corruption-rate: PASS: {line}", numbers)
+    return GateCheck("corruption-rate", "inconclusive", f"corruption-rate: INCONCLUSIVE: {line}: run more sessions",
+                     numbers)
+
+
 def _baseline(counts: OutcomeCounts, base: Run, *, confidence: float) -> GateCheck:
     ref = OutcomeCounts.of(base.sessions)
     k, n, kb, nb = counts.corrupt, counts.completed, ref.corrupt, ref.completed
@@ -193,11 +219,14 @@ def evaluate(
     except DamagedRun as err:
         return GateResult(EXIT_INCONCLUSIVE, [GateCheck("records", "inconclusive", f"records: INCONCLUSIVE: {err}")])
     counts = OutcomeCounts.of(run.sessions)
+    # A zero limit is judged as always (any corrupt session fails, none passes): stopping early cannot bias that.
+    sequential = run.summary is not None and run.summary.stopping is not None and max_corruption_rate > 0
     checks = [
         _finished(run, allow_partial=allow_partial),
         _evidence(counts, threshold=max_corruption_rate, confidence=confidence, min_completed=min_completed,
                   max_timeout_rate=timeout_limit),
-        _rate(counts, limit=max_corruption_rate, confidence=confidence),
+        _sequential_rate(run, limit=max_corruption_rate, confidence=confidence, min_completed=min_completed)
+        if sequential else _rate(counts, limit=max_corruption_rate, confidence=confidence),
     ]
     if base is not None:
         checks.append(_baseline(counts, base, confidence=confidence))

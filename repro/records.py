@@ -300,6 +300,27 @@ class ParserEffect(_Record):
         )
 
 
+class StoppingRecord(_Record):
+    """How a `--until-decided` run stopped (repro.stopping): the rule, its looks, what it spent and why."""
+
+    rule: str
+    limit: float | None = None
+    """The tolerated corruption rate; None for a run stopped against a baseline."""
+    confidence: float
+    wave: int
+    """Sessions per wave; the rule looked after each."""
+    cap: int
+    looks: int
+    sessions: int
+    """Sessions spent when it stopped."""
+    decision: Literal["pass", "fail", "undecided"]
+    reason: str
+    low: float
+    high: float
+    """The rule's interval (or bound) at the last look."""
+    baseline: str | None = None
+
+
 class Summary(_Record):
     """summary.json: the run's counts and rates, written at the end (also after Ctrl-C)."""
 
@@ -331,6 +352,8 @@ class Summary(_Record):
     raw_source: str | None = None
     parser_effect: ParserEffect | None = None
     """Set when the run judged raw text (raw and both modes)."""
+    stopping: StoppingRecord | None = None
+    """Set by `repro run --until-decided`."""
 
 
 class Manifest(_Record):

@@ -20,13 +20,13 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 from urllib.parse import urlsplit
 
 import anyio
 import httptools
 import httpx
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from rich.console import Console
 
 from dsml_checker.server_parsers import DEFAULT_PARSER, PARSERS
@@ -47,13 +47,16 @@ from repro.load import LoadProgress, run_load
 from repro.metrics import MetricsScraper, metrics_url, server_root
 from repro.observe import ObserveMode, RawEndpoint, thinking_of
 from repro.rawprobe import PROBE_TIMEOUT_S, ProbeRequest, ProbeResult, probe
-from repro.records import Manifest, SessionRecord, Summary
+from repro.records import Manifest, OutcomeCounts, SessionRecord, Summary
 from repro.session import Session, SessionConfig
 from repro.sim.launch import start_sim
 from repro.store import METRICS, REPORT, RunWriter, make_run_dir, new_run_dir, slug
 from repro.transport import Endpoint, tls_context
 from repro.untrusted import NestingError, json_depth, parse_json
 from repro.workload import Workload, load_workload
+
+if TYPE_CHECKING:
+    from repro.stopping import Look, StoppingRule
 
 EMBEDDED_SIM_ARGS = ("--enable-hierarchical-cache", "--index-k-dtype", "bf16", "--enable-metrics", "--enable-cache-report")
 """The seeds' faulty configuration: HiCache on, bf16 index-K, no index-K gate (the fix flag absent); metrics on."""
@@ -101,6 +104,10 @@ class RunOptions(BaseModel):
     """Take raw text from this endpoint instead of chat logprobs; None: logprobs when they cover tool calls."""
     client_parser: str = DEFAULT_PARSER
     """The server parser emulated client-side over a raw-text endpoint's text (repro.observe)."""
+    until_decided: bool = False
+    """Run in waves of `concurrency` and stop once the gate's answer is known (repro.stopping); `sessions` is the cap."""
+    confidence: float = Field(default=0.95, gt=0.5, lt=1.0)
+    """Confidence of the gate and of the stopping rule."""
 
     @field_validator("client_parser")
     @classmethod
@@ -166,6 +173,16 @@ class RunOptions(BaseModel):
         if value is not None and not value.replace("_", "a").isalnum():
             raise ValueError("must be the name of an environment variable, not the key itself")
         return value
+
+    @model_validator(mode="after")
+    def _stopping_needs(self) -> "RunOptions":
+        if self.until_decided:
+            if self.max_corruption_rate is None:
+                raise ValueError("--until-decided needs --max-corruption-rate: the rule stops when it is decided")
+            if self.concurrency is None or self.concurrency >= self.sessions:
+                raise ValueError("--until-decided needs --concurrency below --sessions: a wave is one concurrency's "
+                                 "worth of sessions, and the rule looks after each")
+        return self
 
     @classmethod
     def parse(cls, data: dict[str, Any], *, source: str = "options") -> "RunOptions":
@@ -343,6 +360,24 @@ def ensure_open_files(connections: int) -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
 
 
+@dataclass
+class _Driven:
+    records: list[SessionRecord]
+    interrupted: bool
+    lag: list[float]
+    duration: float
+    looks: "list[Look] | None" = None
+    """The stopping rule's looks, for a `--until-decided` run."""
+
+
+def _waves(options: RunOptions) -> list[range]:
+    """Session ids per wave: all at once, or `concurrency` at a time for `--until-decided`."""
+    if not options.until_decided or options.concurrency is None:
+        return [range(options.sessions)]
+    step = options.concurrency
+    return [range(start, min(start + step, options.sessions)) for start in range(0, options.sessions, step)]
+
+
 async def _drive(
     options: RunOptions,
     config: SessionConfig,
@@ -350,12 +385,14 @@ async def _drive(
     console: Console,
     live: bool,
     base_url: str,
-) -> tuple[list[SessionRecord], bool, list[float], float]:
+) -> _Driven:
     concurrency = options.concurrency or options.sessions
     records: list[SessionRecord] = []
     progress = LoadProgress(planned=options.sessions)
     origin = progress.t0
     disk_full = anyio.Event()
+    rule = _stopping_rule(options)
+    looks: "list[Look]" = []
 
     def on_finish(record: SessionRecord) -> None:
         records.append(record)
@@ -369,6 +406,9 @@ async def _drive(
             disk_full.set()
         return path
 
+    interrupted = False
+    lag: list[float] = []
+    duration = 0.0
     async with (
         make_client(concurrency) as client,
         httpx.AsyncClient(trust_env=False, headers=config.headers, verify=tls_context()) as side_client,
@@ -378,18 +418,38 @@ async def _drive(
         group.start_soon(scraper.run, origin)
         group.start_soon(show_progress, progress, console, live)
 
-        def make_session(index: int) -> Session:
-            return Session(index, config, client, keep_raw=keep_raw, origin=origin)
+        for wave in _waves(options):
 
-        result = await run_load(
-            options.sessions, concurrency, make_session, on_finish, ramp_up=options.ramp_up, progress=progress,
-            stop=disk_full,
-        )
+            def make_session(index: int, first: int = wave.start) -> Session:
+                return Session(first + index, config, client, keep_raw=keep_raw, origin=origin)
+
+            result = await run_load(
+                len(wave), concurrency, make_session, on_finish, ramp_up=options.ramp_up, progress=progress,
+                stop=disk_full,
+            )
+            lag += result.loop_lag_s
+            duration += result.duration_s
+            interrupted = result.interrupted
+            if interrupted or rule is None:
+                break
+            counts = OutcomeCounts.of(records)
+            looks.append(rule.look(counts.corrupt, counts.completed, len(records)))
+            progress.stopping = f"look {len(looks)}: {rule.describe(looks[-1])}"
+            if looks[-1].decision is not None:
+                break
         group.cancel_scope.cancel()
-        if not result.interrupted:
+        if not interrupted:
             # The counters as the run ends, whatever the scrape interval left out.
             await scraper.scrape_once(origin)
-    return records, result.interrupted, result.loop_lag_s, result.duration_s
+    return _Driven(records, interrupted, lag, duration, looks if rule is not None else None)
+
+
+def _stopping_rule(options: RunOptions) -> "StoppingRule | None":
+    if not options.until_decided or options.max_corruption_rate is None:
+        return None
+    from repro.stopping import StoppingRule
+
+    return StoppingRule(limit=options.max_corruption_rate, confidence=options.confidence)
 
 
 def _versions() -> dict[str, str]:
@@ -456,9 +516,9 @@ def execute_run(
             raise UsageError(f"--out {run_dir}: cannot write the manifest: {err.strerror or err}") from None
         start.done = True
         with saving("the records of the sessions in flight, summary.json and report.html"):
-            records, interrupted, lag, duration = anyio.run(_drive, options, config, writer, console, live, base_url)
+            driven = anyio.run(_drive, options, config, writer, console, live, base_url)
     with saving("summary.json and report.html"):
-        return _save(options, run_dir, writer, manifest, records, interrupted, lag, duration, console, report)
+        return _save(options, run_dir, writer, manifest, driven, console, report)
 
 
 def _save(
@@ -466,10 +526,7 @@ def _save(
     run_dir: Path,
     writer: RunWriter,
     manifest: Manifest,
-    records: list[SessionRecord],
-    interrupted: bool,
-    lag: list[float],
-    duration: float,
+    driven: _Driven,
     console: Console,
     report: bool,
 ) -> RunResult:
@@ -481,11 +538,21 @@ def _save(
 
     full = writer.full
     observe = manifest.observe or {}
+    records, interrupted, lag, duration = driven.records, driven.interrupted, driven.lag, driven.duration
     summary = summarize(
         records, loop_lag_s=lag, duration_s=duration, interrupted=interrupted, lost=writer.lost,
         stop_reason=None if full is None else f"the run stopped early: cannot write ({full.strerror or full})",
         observe=observe.get("mode"), raw_source=observe.get("raw_source"),
     )
+    rule = _stopping_rule(options)
+    if rule is not None and driven.looks is not None:
+        from repro.stopping import stopping_record
+
+        stopped = stopping_record(rule, driven.looks, wave=options.concurrency or options.sessions,
+                                  cap=options.sessions, interrupted=interrupted or full is not None)
+        summary = summary.model_copy(update={"stopping": stopped})
+        say(console, f"stopping: {stopped.decision.upper()} after {stopped.sessions} of {stopped.cap} sessions: "
+                     f"{stopped.reason}")
     try:
         writer.write_summary(summary)
         writer.write_manifest(manifest.model_copy(update={"ended_at": _utc_now()}))
@@ -503,7 +570,7 @@ def _save(
         )
     exit_code = EXIT_INTERRUPTED if interrupted else EXIT_OK
     if options.max_corruption_rate is not None:
-        summary, gate_code = _gate(run_dir, summary, options.max_corruption_rate, writer, console)
+        summary, gate_code = _gate(run_dir, summary, options.max_corruption_rate, options.confidence, writer, console)
         exit_code = exit_code if interrupted else gate_code
     console.print(final_view(summary, run_dir))
     if report:
@@ -529,11 +596,13 @@ def _session_config(options: RunOptions, target: Target, workload: Workload, hea
     )
 
 
-def _gate(run_dir: Path, summary: Summary, limit: float, writer: RunWriter, console: Console) -> tuple[Summary, int]:
+def _gate(
+    run_dir: Path, summary: Summary, limit: float, confidence: float, writer: RunWriter, console: Console
+) -> tuple[Summary, int]:
     """Judge the finished run (issue #5's gate) and keep its verdict in summary.json."""
     from repro.gate import evaluate
 
-    result = evaluate(run_dir, max_corruption_rate=limit)
+    result = evaluate(run_dir, max_corruption_rate=limit, confidence=confidence)
     summary = summary.model_copy(update={"gate": result.as_record()})
     writer.write_summary(summary)
     for line in result.lines():
