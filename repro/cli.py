@@ -134,6 +134,8 @@ def run_command(
         None, "--until-decided", help="Run in waves of --concurrency; stop once the gate's answer is known (--sessions caps)."
     ),
     confidence: float | None = typer.Option(None, "--confidence", help="Confidence of the gate and the stopping rule (default: 0.95)."),
+    baseline: Path | None = typer.Option(None, "--baseline", help="With --until-decided: stop once an increase over this finished run is shown, or shown under --margin."),
+    margin: float | None = typer.Option(None, "--margin", help="With --baseline: an increase shown under this passes (default: 0.05)."),
     observe: str | None = typer.Option(
         None, "--observe", help="Judge raw|parsed|both: the model's raw text, the parsed message, or both (default: both where the target shows raw text)."
     ),

@@ -150,11 +150,11 @@ def _sequential_rate(run: Run, *, limit: float, confidence: float, min_completed
     """The rate check of a `--until-decided` run: its looks replayed from sessions.jsonl under the gate's own
     limit and confidence. The confidence sequence is valid at every look at once, so the verdict keeps its
     error rate whatever made the run stop (repro.stopping)."""
-    from repro.stopping import StoppingRule, waves_of
+    from repro.stopping import StoppingRule, replay, waves_of
 
     assert run.summary is not None and run.summary.stopping is not None
     rule = StoppingRule(limit=limit, confidence=confidence, min_completed=min_completed)
-    looks = rule.replay(waves_of(run.sessions, run.summary.stopping.wave))
+    looks = replay(rule, waves_of(run.sessions, run.summary.stopping.wave))
     last = looks[-1] if looks else rule.look(0, 0, 0)
     numbers = {"k": last.corrupt, "n": last.completed, "lower": last.low, "upper": last.high, "limit": limit,
                "confidence": confidence, "looks": len(looks), "method": "confidence sequence"}
@@ -165,6 +165,26 @@ def _sequential_rate(run: Run, *, limit: float, confidence: float, min_completed
         return GateCheck("corruption-rate", "pass", f"corruption-rate: PASS: {line}", numbers)
     return GateCheck("corruption-rate", "inconclusive", f"corruption-rate: INCONCLUSIVE: {line}: run more sessions",
                      numbers)
+
+
+def _sequential_baseline(run: Run, base: Run, *, confidence: float) -> GateCheck:
+    """The baseline check of a run that stopped against a baseline: its group-sequential looks replayed, each at
+    alpha over the planned looks (repro.stopping), so stopping early does not raise the error rate."""
+    from repro.stopping import BaselineRule, max_looks, replay, waves_of
+
+    assert run.summary is not None and run.summary.stopping is not None
+    stop = run.summary.stopping
+    ref = OutcomeCounts.of(base.sessions)
+    rule = BaselineRule(baseline_corrupt=ref.corrupt, baseline_completed=ref.completed,
+                        max_looks=max_looks(stop.cap, stop.wave), margin=stop.margin or 0.05,
+                        confidence=confidence, baseline=base.name)
+    looks = replay(rule, waves_of(run.sessions, stop.wave))
+    last = looks[-1] if looks else rule.look(0, 0, 0)
+    numbers = {"k": last.corrupt, "n": last.completed, "baseline_k": ref.corrupt, "baseline_n": ref.completed,
+               "baseline": base.name, "p_boschloo": last.p_value, "looks": len(looks), "max_looks": rule.max_looks}
+    line = f"looks replayed: {len(looks)} of at most {rule.max_looks}; {rule.describe(last)}"
+    status: CheckStatus = "fail" if last.decision == "fail" else "pass" if last.decision == "pass" else "inconclusive"
+    return GateCheck("baseline", status, f"baseline: {status.upper()}: {line}", numbers)
 
 
 def _baseline(counts: OutcomeCounts, base: Run, *, confidence: float) -> GateCheck:
@@ -229,7 +249,9 @@ def evaluate(
         if sequential else _rate(counts, limit=max_corruption_rate, confidence=confidence),
     ]
     if base is not None:
-        checks.append(_baseline(counts, base, confidence=confidence))
+        stop = run.summary.stopping if run.summary is not None else None
+        checks.append(_sequential_baseline(run, base, confidence=confidence) if stop is not None and stop.baseline
+                      else _baseline(counts, base, confidence=confidence))
     statuses = {c.status for c in checks}
     code = EXIT_FAILED if "fail" in statuses else EXIT_INCONCLUSIVE if "inconclusive" in statuses else EXIT_OK
     return GateResult(code, checks)

@@ -319,6 +319,8 @@ class StoppingRecord(_Record):
     high: float
     """The rule's interval (or bound) at the last look."""
     baseline: str | None = None
+    margin: float | None = None
+    """Against a baseline: the increase under which the run passes."""
 
 
 class Summary(_Record):

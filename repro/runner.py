@@ -34,6 +34,8 @@ from repro import __version__
 from repro.client import MAX_TURN_BYTES, make_client
 from repro.display import final_view, say, show_progress
 from repro.errors import (
+    EXIT_FAILED,
+    EXIT_INCONCLUSIVE,
     EXIT_INTERRUPTED,
     EXIT_OK,
     ReproError,
@@ -56,7 +58,7 @@ from repro.untrusted import NestingError, json_depth, parse_json
 from repro.workload import Workload, load_workload
 
 if TYPE_CHECKING:
-    from repro.stopping import Look, StoppingRule
+    from repro.stopping import BaselineRule, Look, StoppingRule
 
 EMBEDDED_SIM_ARGS = ("--enable-hierarchical-cache", "--index-k-dtype", "bf16", "--enable-metrics", "--enable-cache-report")
 """The seeds' faulty configuration: HiCache on, bf16 index-K, no index-K gate (the fix flag absent); metrics on."""
@@ -108,6 +110,10 @@ class RunOptions(BaseModel):
     """Run in waves of `concurrency` and stop once the gate's answer is known (repro.stopping); `sessions` is the cap."""
     confidence: float = Field(default=0.95, gt=0.5, lt=1.0)
     """Confidence of the gate and of the stopping rule."""
+    baseline: Path | None = None
+    """With `until_decided`: stop once an increase over this finished run, or its absence, is shown."""
+    margin: float = Field(default=0.05, gt=0.0, lt=1.0)
+    """Against a baseline: an increase shown to be under this passes."""
 
     @field_validator("client_parser")
     @classmethod
@@ -176,9 +182,12 @@ class RunOptions(BaseModel):
 
     @model_validator(mode="after")
     def _stopping_needs(self) -> "RunOptions":
+        if self.baseline is not None and not self.until_decided:
+            raise ValueError("--baseline needs --until-decided (a finished run is compared by `repro gate --baseline`)")
         if self.until_decided:
-            if self.max_corruption_rate is None:
-                raise ValueError("--until-decided needs --max-corruption-rate: the rule stops when it is decided")
+            if self.max_corruption_rate is None and self.baseline is None:
+                raise ValueError("--until-decided needs --max-corruption-rate or --baseline: the rule stops when "
+                                 "the answer to one of them is decided")
             if self.concurrency is None or self.concurrency >= self.sessions:
                 raise ValueError("--until-decided needs --concurrency below --sessions: a wave is one concurrency's "
                                  "worth of sessions, and the rule looks after each")
@@ -385,13 +394,13 @@ async def _drive(
     console: Console,
     live: bool,
     base_url: str,
+    rule: "StoppingRule | BaselineRule | None",
 ) -> _Driven:
     concurrency = options.concurrency or options.sessions
     records: list[SessionRecord] = []
     progress = LoadProgress(planned=options.sessions)
     origin = progress.t0
     disk_full = anyio.Event()
-    rule = _stopping_rule(options)
     looks: "list[Look]" = []
 
     def on_finish(record: SessionRecord) -> None:
@@ -444,12 +453,29 @@ async def _drive(
     return _Driven(records, interrupted, lag, duration, looks if rule is not None else None)
 
 
-def _stopping_rule(options: RunOptions) -> "StoppingRule | None":
-    if not options.until_decided or options.max_corruption_rate is None:
+def _stopping_rule(options: RunOptions) -> "StoppingRule | BaselineRule | None":
+    """The `--until-decided` rule: against the baseline when one is given, else against the limit."""
+    if not options.until_decided:
         return None
-    from repro.stopping import StoppingRule
+    from repro.stopping import BaselineRule, StoppingRule, max_looks
 
-    return StoppingRule(limit=options.max_corruption_rate, confidence=options.confidence)
+    if options.baseline is None:
+        assert options.max_corruption_rate is not None  # RunOptions._stopping_needs
+        return StoppingRule(limit=options.max_corruption_rate, confidence=options.confidence)
+    from repro.store import DamagedRun, load_run
+
+    try:
+        base = load_run(options.baseline)
+    except (DamagedRun, UsageError) as err:
+        raise UsageError(f"--baseline: {err}") from None
+    if base.summary is None or base.summary.interrupted:
+        raise UsageError(f"--baseline {options.baseline}: the run did not finish; compare against a finished run")
+    counts = OutcomeCounts.of(base.sessions)
+    return BaselineRule(
+        baseline_corrupt=counts.corrupt, baseline_completed=counts.completed,
+        max_looks=max_looks(options.sessions, options.concurrency or options.sessions), margin=options.margin,
+        confidence=options.confidence, baseline=base.name,
+    )
 
 
 def _versions() -> dict[str, str]:
@@ -473,6 +499,7 @@ def execute_run(
     headers = _headers(options)
     secrets = [value.removeprefix("Bearer ") for value in headers.values()]
     name = options.name or loaded.workload.name
+    rule = _stopping_rule(options)  # before anything is made: a bad --baseline is a usage error
     run_dir, created = _run_dir(options, name)  # made now: before a simulator starts or a target is asked anything
     ensure_open_files(options.concurrency or options.sessions)
     with contextlib.ExitStack() as stack:
@@ -516,9 +543,9 @@ def execute_run(
             raise UsageError(f"--out {run_dir}: cannot write the manifest: {err.strerror or err}") from None
         start.done = True
         with saving("the records of the sessions in flight, summary.json and report.html"):
-            driven = anyio.run(_drive, options, config, writer, console, live, base_url)
+            driven = anyio.run(_drive, options, config, writer, console, live, base_url, rule)
     with saving("summary.json and report.html"):
-        return _save(options, run_dir, writer, manifest, driven, console, report)
+        return _save(options, run_dir, writer, manifest, driven, rule, console, report)
 
 
 def _save(
@@ -527,6 +554,7 @@ def _save(
     writer: RunWriter,
     manifest: Manifest,
     driven: _Driven,
+    rule: "StoppingRule | BaselineRule | None",
     console: Console,
     report: bool,
 ) -> RunResult:
@@ -544,7 +572,7 @@ def _save(
         stop_reason=None if full is None else f"the run stopped early: cannot write ({full.strerror or full})",
         observe=observe.get("mode"), raw_source=observe.get("raw_source"),
     )
-    rule = _stopping_rule(options)
+    stopped = None
     if rule is not None and driven.looks is not None:
         from repro.stopping import stopping_record
 
@@ -570,8 +598,10 @@ def _save(
         )
     exit_code = EXIT_INTERRUPTED if interrupted else EXIT_OK
     if options.max_corruption_rate is not None:
-        summary, gate_code = _gate(run_dir, summary, options.max_corruption_rate, options.confidence, writer, console)
+        summary, gate_code = _gate(run_dir, summary, options, writer, console)
         exit_code = exit_code if interrupted else gate_code
+    elif stopped is not None and not interrupted:
+        exit_code = {"pass": EXIT_OK, "fail": EXIT_FAILED}.get(stopped.decision, EXIT_INCONCLUSIVE)
     console.print(final_view(summary, run_dir))
     if report:
         with saving("report.html"):
@@ -596,13 +626,13 @@ def _session_config(options: RunOptions, target: Target, workload: Workload, hea
     )
 
 
-def _gate(
-    run_dir: Path, summary: Summary, limit: float, confidence: float, writer: RunWriter, console: Console
-) -> tuple[Summary, int]:
+def _gate(run_dir: Path, summary: Summary, options: RunOptions, writer: RunWriter, console: Console) -> tuple[Summary, int]:
     """Judge the finished run (issue #5's gate) and keep its verdict in summary.json."""
     from repro.gate import evaluate
 
-    result = evaluate(run_dir, max_corruption_rate=limit, confidence=confidence)
+    assert options.max_corruption_rate is not None
+    result = evaluate(run_dir, max_corruption_rate=options.max_corruption_rate, confidence=options.confidence,
+                      baseline=options.baseline)
     summary = summary.model_copy(update={"gate": result.as_record()})
     writer.write_summary(summary)
     for line in result.lines():

@@ -16,7 +16,7 @@ from rich.console import Console
 from repro.gate import evaluate
 from repro.records import SessionRecord
 from repro.runner import RunOptions, RunResult, execute_run
-from repro.stopping import StoppingRule, waves_of
+from repro.stopping import BaselineRule, StoppingRule, replay, waves_of
 from repro.store import load_run
 from run_builders import make_run, run_main
 
@@ -50,7 +50,7 @@ def test_replay_groups_waves_by_session_id_and_stops_at_the_first_decision() -> 
     shuffled = [_record(sid, outcome) for sid, outcome in reversed(list(enumerate(outcomes)))]
     waves = waves_of(shuffled, 10)
     assert [[r.session_id for r in wave] for wave in waves] == [list(range(i, i + 10)) for i in (0, 10, 20)]
-    looks = StoppingRule(limit=0.1).replay(waves)
+    looks = replay(StoppingRule(limit=0.1), waves)
     assert len(looks) == 1 and looks[0].decision == "fail" and (looks[0].corrupt, looks[0].completed) == (8, 10)
 
 
@@ -61,7 +61,12 @@ def test_until_decided_needs_a_limit_and_waves(capsys: pytest.CaptureFixture[str
     code, _, err = run_main(capsys, "run", "--until-decided", "--max-corruption-rate", "0.1", "--sessions", "20",
                             "--out", str(tmp_path / "b"))
     assert code == 2 and "--until-decided needs --concurrency below --sessions" in err
-    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    code, _, err = run_main(capsys, "run", "--until-decided", "--baseline", str(tmp_path / "nowhere"),
+                            "--sessions", "20", "--concurrency", "5", "--out", str(tmp_path / "c"))
+    assert code == 2 and "--baseline: " in err and "not a run directory" in err
+    code, _, err = run_main(capsys, "run", "--baseline", str(tmp_path / "nowhere"), "--out", str(tmp_path / "d"))
+    assert code == 2 and "--baseline needs --until-decided" in err
+    assert not any((tmp_path / name).exists() for name in "abcd")
 
 
 def test_gate_fix_passes_early_and_the_gate_replays_the_decision(tmp_path: Path) -> None:
@@ -100,3 +105,30 @@ def test_seeds_configuration_fails_early(capsys: pytest.CaptureFixture[str], tmp
     assert code == 1 and "finished: ok: stopped when decided (fail)" in stdout and "looks replayed" in stdout
     partial = make_run(tmp_path / "cut", clean=stop.sessions - 1, options={"sessions": 240})
     assert evaluate(partial, max_corruption_rate=0.02).exit_code == 125
+
+
+def test_baseline_rule_spends_alpha_over_its_looks() -> None:
+    rule = BaselineRule(baseline_corrupt=0, baseline_completed=60, max_looks=3, confidence=0.99)
+    # 9 of 60 against 0 of 60: Boschloo p = 0.0008, under 0.01 / 3.
+    assert rule.look(9, 60, 60).decision == "fail"
+    # 6 of 60: p = 0.009 would pass a single test at 0.01, not one look of three.
+    six = rule.look(6, 60, 60)
+    assert six.decision is None and six.p_value is not None and 0.01 / 3 < six.p_value < 0.01
+    assert "neither an increase nor one under 5 points" in rule.describe(six)
+    # No corruption in 200 against none in 60: the increase is shown under 5 points.
+    clean = BaselineRule(baseline_corrupt=0, baseline_completed=60, max_looks=2, confidence=0.95).look(0, 200, 200)
+    assert clean.decision == "pass" and clean.high < 0.05
+
+
+def test_until_decided_against_a_baseline_fails_hicache_early(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    off, _ = run(tmp_path / "off", name="off", sim_args="--no-enable-hierarchical-cache", sessions=30, concurrency=30, timeout=120)
+    assert off.exit_code == 0 and off.summary.counts["corrupt"] == 0
+    code, stdout, err = run_main(capsys, "run", "--sessions", "180", "--concurrency", "60", "--until-decided",
+                                 "--baseline", str(off.path), "--timeout", "120", "--out", str(tmp_path / "on"))
+    assert code == 1, stdout + err
+    stop = load_run(tmp_path / "on").summary.stopping
+    assert stop is not None and stop.decision == "fail" and stop.sessions < 180 and stop.baseline == "off"
+    assert "an increase is shown" in stop.reason and "each look at 0.0167 = 0.05/3" in stop.reason
+    code, stdout, _ = run_main(capsys, "gate", str(tmp_path / "on"), "--max-corruption-rate", "0.5",
+                               "--baseline", str(off.path))
+    assert code == 1 and "baseline: FAIL: looks replayed" in stdout
