@@ -174,6 +174,32 @@ def matrix_command(
     raise typer.Exit(result.exit_code)
 
 
+@app.command("sweep")
+def sweep_command(
+    concurrency: str = typer.Option("1,8,16,32,60", "--concurrency", help="Levels: 1,8,16,32,60 or a range 1-64:x2 / 8-64:+8."),
+    sessions: int = typer.Option(60, "--sessions", help="Sessions per level."),
+    base_url: str | None = typer.Option(None, "--base-url", help="OpenAI base URL (…/v1); none: one embedded simulator for all levels."),
+    sim_args: str | None = typer.Option(None, "--sim-args", help="More flags for the embedded simulator."),
+    out: Path | None = typer.Option(None, "--out", help="Sweep directory (default: reports/<timestamp>-sweep/)."),
+    confidence: float = typer.Option(0.95, "--confidence", help="Confidence of the intervals; 1 minus the tests' alpha."),
+    timeout: float | None = typer.Option(None, "--timeout", help="Whole-session budget, seconds (default: 180)."),
+    workload: Path | None = typer.Option(None, "--workload", help="Workload YAML (default: experiments/agentic_coding.yaml)."),
+    seed: int | None = typer.Option(None, "--seed", help="Seed of the session tasks (default: 0)."),
+    api_key_env: str | None = typer.Option(None, "--api-key-env", help="Environment variable holding the API key."),
+) -> None:
+    """Run the same workload at several concurrencies on one deployment; report the corruption onset."""
+    import shlex
+
+    from repro.sweep import parse_levels, run_sweep
+
+    options = {"timeout": timeout, "workload": workload, "seed": seed, "api_key_env": api_key_env}
+    run_sweep(
+        parse_levels(concurrency), sessions=sessions, out=out, base_url=base_url,
+        sim_args=shlex.split(sim_args or ""), confidence=confidence,
+        run_options={key: value for key, value in options.items() if value is not None},
+    )
+
+
 @sim_app.command(
     "serve",
     context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []},
