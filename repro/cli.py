@@ -180,6 +180,9 @@ def sweep_command(
     sessions: int = typer.Option(60, "--sessions", help="Sessions per level."),
     base_url: str | None = typer.Option(None, "--base-url", help="OpenAI base URL (…/v1); none: one embedded simulator for all levels."),
     sim_args: str | None = typer.Option(None, "--sim-args", help="More flags for the embedded simulator."),
+    spec: Path | None = typer.Option(None, "--spec", help="Launch this matrix spec's deployment (once) for --cell."),
+    cell: list[str] = typer.Option([], "--cell", help="With --spec: FACTOR=LEVEL for every factor (repeatable)."),
+    var: list[str] = typer.Option([], "--var", help="With --spec: set a spec variable, NAME=VALUE (repeatable)."),
     out: Path | None = typer.Option(None, "--out", help="Sweep directory (default: reports/<timestamp>-sweep/)."),
     confidence: float = typer.Option(0.95, "--confidence", help="Confidence of the intervals; 1 minus the tests' alpha."),
     timeout: float | None = typer.Option(None, "--timeout", help="Whole-session budget, seconds (default: 180)."),
@@ -190,12 +193,20 @@ def sweep_command(
     """Run the same workload at several concurrencies on one deployment; report the corruption onset."""
     import shlex
 
-    from repro.sweep import parse_levels, run_sweep
+    from repro.matrix.spec import parse_assignments
+    from repro.sweep import SpecDeployment, parse_levels, run_sweep
 
+    if (cell or var) and spec is None:
+        raise UsageError("--cell and --var choose a matrix spec's deployment: give --spec too")
     options = {"timeout": timeout, "workload": workload, "seed": seed, "api_key_env": api_key_env}
+    try:
+        cells = parse_assignments(cell)
+    except UsageError as err:
+        raise UsageError(str(err).replace("--var", "--cell", 1)) from None
+    target = SpecDeployment(spec, cells, parse_assignments(var)) if spec is not None else None
     run_sweep(
         parse_levels(concurrency), sessions=sessions, out=out, base_url=base_url,
-        sim_args=shlex.split(sim_args or ""), confidence=confidence,
+        sim_args=shlex.split(sim_args or ""), spec=target, confidence=confidence,
         run_options={key: value for key, value in options.items() if value is not None},
     )
 

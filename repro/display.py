@@ -121,7 +121,7 @@ def final_view(summary: Summary, run_dir: Path) -> Group:
     if summary.stopping is not None:
         stop = summary.stopping
         rates.add_row("stopped", escape(f"{stop.decision} after {stop.sessions} of {stop.cap} sessions "
-                                        f"({stop.looks} looks): {stop.reason}"))
+                                        f"({stop.looks} look{'s' if stop.looks != 1 else ''}): {stop.reason}"))
     if summary.inconclusive:
         rates.add_row("[yellow]inconclusive[/]", escape("; ".join(summary.inconclusive_reasons)))
     lag = summary.loop_lag

@@ -84,7 +84,7 @@ def _finished(run: Run, *, allow_partial: bool) -> GateCheck:
     elif summary.stopping is not None and summary.stopping.decision != "undecided" and recorded == summary.stopping.sessions:
         numbers["stopped"] = summary.stopping.decision
         return GateCheck("finished", "pass", f"finished: ok: stopped when decided ({summary.stopping.decision}) after "
-                         f"{recorded} of {planned} sessions at most", numbers)
+                         f"{recorded} sessions (cap {planned})", numbers)
     elif isinstance(planned, int) and recorded < planned:
         problem = f"only {recorded} of {planned} planned sessions recorded"
     elif summary.sessions != len(run.sessions):

@@ -182,11 +182,55 @@ def level_result(concurrency: int, run_dir: Path, confidence: float) -> LevelRes
     )
 
 
+@dataclass(frozen=True)
+class SpecDeployment:
+    """A matrix spec's deployment for one cell (`--spec SPEC --cell factor=level ...`), launched once."""
+
+    spec: Path
+    cell: dict[str, str]
+    variables: dict[str, str] = field(default_factory=dict)
+
+
+def _spec_cell(target: SpecDeployment) -> tuple[Any, Any, dict[str, Any]]:
+    """The spec, the planned run of the chosen cell, and the spec's load options (the sweep sets the rest)."""
+    from repro.matrix.design import Cell, PlannedRun
+    from repro.matrix.spec import load_spec
+
+    spec = load_spec(target.spec, target.variables)
+    chosen = dict(target.cell)
+    for factor, definition in spec.factors.items():
+        level = chosen.pop(factor, None)
+        if level is None:
+            raise UsageError(f"--cell: no level for factor {factor!r} of {target.spec} "
+                             f"(one of {', '.join(definition.levels)})")
+        if level not in definition.levels:
+            raise UsageError(f"--cell {factor}={level}: not a level of {factor!r} "
+                             f"(one of {', '.join(definition.levels)})")
+    if chosen:
+        raise UsageError(f"--cell: {', '.join(sorted(chosen))} is not a factor of {target.spec}")
+    cell = Cell(tuple((factor, target.cell[factor]) for factor in spec.factors))
+    load = {key: value for key, value in dict(spec.load).items() if key not in ("sessions", "concurrency", "out", "name")}
+    return spec, PlannedRun(cell=cell, replicate=1, order=0), load
+
+
 @contextlib.contextmanager
-def _deployment(base_url: str | None, sim_args: list[str], out: Path, console: Console) -> Iterator[tuple[str, str]]:
-    """The deployment every level runs against: `base_url`, or one embedded simulator for the whole sweep."""
+def _deployment(
+    base_url: str | None, sim_args: list[str], spec: SpecDeployment | None, out: Path, console: Console
+) -> Iterator[tuple[str, str]]:
+    """The deployment every level runs against: `base_url`, a matrix spec's cell, or one embedded simulator."""
     if base_url is not None:
         yield base_url, base_url
+        return
+    if spec is not None:
+        from repro.matrix.deploy import CellDeployment, resolve
+
+        matrix, run, _ = _spec_cell(spec)
+        launch = resolve(matrix, run, log_dir=out / "logs")
+        with CellDeployment(launch, out / "logs", cell=run.key) as confirmation:
+            for note in confirmation.notes:
+                say(console, f"sweep: not verified: {note}")
+            say(console, f"sweep: launched cell {run.cell.name} of {spec.spec} at {launch.url}")
+            yield f"{launch.url}/v1", f"{matrix.name}: cell {run.cell.name}"
         return
     from repro.runner import EMBEDDED_SIM_ARGS
     from repro.sim.launch import start_sim
@@ -204,6 +248,7 @@ def run_sweep(
     out: Path | None = None,
     base_url: str | None = None,
     sim_args: Sequence[str] = (),
+    spec: SpecDeployment | None = None,
     confidence: float = 0.95,
     run_options: dict[str, Any] | None = None,
     console: Console | None = None,
@@ -214,7 +259,10 @@ def run_sweep(
     console = console or Console()
     if not 0.5 < confidence < 1.0:
         raise UsageError(f"--confidence must be above 0.5 and below 1, got {confidence}")
-    base = {"sessions": sessions, **(run_options or {})}
+    if spec is not None and base_url is not None:
+        raise UsageError("--spec and --base-url name two deployments: give one")
+    # A spec's load section is the workload of every level (concurrency and sessions are the sweep's).
+    base = {**(_spec_cell(spec)[2] if spec is not None else {}), "sessions": sessions, **(run_options or {})}
     RunOptions.parse({**base, "base_url": base_url, "concurrency": max(levels)}, source="sweep options")
     if out is None:
         stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
@@ -223,7 +271,7 @@ def run_sweep(
         make_run_dir(out)
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     results: list[LevelResult] = []
-    with _deployment(base_url, list(sim_args), out, console) as (url, target):
+    with _deployment(base_url, list(sim_args), spec, out, console) as (url, target):
         for concurrency in levels:
             run_dir = out / f"c{concurrency:03d}"
             options = RunOptions.parse({**base, "base_url": url, "concurrency": concurrency, "out": run_dir,

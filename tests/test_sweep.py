@@ -100,3 +100,25 @@ def test_sweep_escapes_what_it_shows(tmp_path: Path) -> None:
 def test_sweep_bad_levels_exit_2(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     code, _, err = run_main(capsys, "sweep", "--concurrency", "1,zero", "--out", str(tmp_path / "s"))
     assert code == 2 and "--concurrency '1,zero'" in err and not (tmp_path / "s").exists()
+
+
+def test_sweep_launches_a_matrix_specs_cell_once(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    spec = Path(__file__).resolve().parent.parent / "matrices" / "sim_hicache_bf16.yaml"
+    out = tmp_path / "sweep"
+    code, stdout, err = run_main(capsys, "sweep", "--spec", str(spec), "--cell", "hicache=on", "--cell", "index_k=bf16",
+                                 "--concurrency", "1,4", "--sessions", "4", "--out", str(out))
+    assert code == 0, stdout + err
+    assert "launched cell hicache-on_index_k-bf16" in stdout
+    for level in ("c001", "c004"):
+        manifest = json.loads((out / level / "manifest.json").read_text())
+        info = manifest["server_info"]
+        assert info["enable_hierarchical_cache"] is True and info["index_k_dtype"] == "bf16"
+        assert manifest["options"]["turns"] == 18  # the spec's load section
+    ports = {json.loads((out / level / "manifest.json").read_text())["target"]["base_url"] for level in ("c001", "c004")}
+    assert len(ports) == 1  # one deployment for every level
+    assert json.loads((out / "sweep.json").read_text())["target"] == "sim-hicache-bf16: cell hicache-on_index_k-bf16"
+    code, _, err = run_main(capsys, "sweep", "--spec", str(spec), "--cell", "hicache=maybe", "--cell", "index_k=bf16",
+                            "--out", str(tmp_path / "bad"))
+    assert code == 2 and "--cell hicache=maybe: not a level of 'hicache'" in err and not (tmp_path / "bad").exists()
+    code, _, err = run_main(capsys, "sweep", "--cell", "hicache=on", "--out", str(tmp_path / "bad"))
+    assert code == 2 and "give --spec too" in err

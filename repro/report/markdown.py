@@ -74,7 +74,8 @@ def render_markdown(model: ReportModel) -> str:
         if run.stopping is not None:
             stop = run.stopping
             lines += ["", f"Stopping rule of **{md_escape(run.name)}**: {md_escape(stop.decision)} after "
-                      f"{stop.sessions} of {stop.cap} sessions ({stop.looks} looks): {md_escape(stop.reason)}"]
+                      f"{stop.sessions} of {stop.cap} sessions ({stop.looks} look{'s' if stop.looks != 1 else ''}): "
+                      f"{md_escape(stop.reason)}"]
     for run in model.runs:
         checks = (run.gate or {}).get("checks")
         if isinstance(checks, list):
