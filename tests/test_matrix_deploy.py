@@ -12,16 +12,21 @@ from typing import Any
 
 import httpx
 import pytest
+from proc_helpers import group_gone, poll
 
 from repro.errors import TargetError, UsageError
-from repro.matrix.deploy import CellDeployment, ConfirmationError, mismatches, processes_file, resolve
 from repro.matrix.analysis import CellRun, analyse
+from repro.matrix.deploy import (
+    CellDeployment,
+    ConfirmationError,
+    mismatches,
+    processes_file,
+    resolve,
+)
 from repro.matrix.design import cells, plan
 from repro.matrix.report import write_reports
 from repro.matrix.spec import MatrixSpec
 from repro.sim.launch import start_sim
-
-from proc_helpers import group_gone
 
 SIM = "${python} -m repro.sim serve --host 127.0.0.1 --port ${port} --time-scale 0"
 READY = {"timeout": 30, "interval": 0.05}
@@ -189,15 +194,6 @@ def test_mismatches_compare_types_strictly() -> None:
         "enable_hierarchical_cache is True, the spec asked for 'true'"
     ]
     assert mismatches({"index_k_dtype": "bf16"}, info) == ["index_k_dtype is absent, the spec asked for 'bf16'"]
-
-
-def poll(condition, timeout: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 def test_a_port_answered_by_a_foreign_server_is_refused_before_launch(tmp_path: Path) -> None:
