@@ -19,6 +19,7 @@ from repro.matrix.analysis import CellRun, analyse
 from repro.matrix.deploy import (
     CellDeployment,
     ConfirmationError,
+    fetch_server_info,
     mismatches,
     processes_file,
     resolve,
@@ -288,3 +289,8 @@ def test_a_cells_log_is_capped_as_the_spec_says(tmp_path: Path) -> None:
     analysis = analyse(spec, [record], [c.as_dict() for c in cells(spec)], 2)
     page = write_reports(tmp_path, analysis, ["x"], [record]).html.read_text()
     assert f"<li>{run.key}: server.log reached the cap of 100000 bytes" in page
+
+
+def test_an_endless_server_info_is_cut_at_its_bound_and_named(faulty: str) -> None:
+    with pytest.raises(TargetError, match="cannot read the server configuration: the answer did not end within 16777216"):
+        fetch_server_info(f"{faulty}/endless-side/server_info", timeout=60)
