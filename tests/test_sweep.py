@@ -8,21 +8,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
-from faulty_servers import start_faulty_server
 from repro.errors import UsageError
 from repro.sweep import LevelResult, analyse, parse_levels
 from run_builders import run_main
-
-
-@pytest.fixture(scope="module")
-def faulty(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    proc, root = start_faulty_server(tmp_path_factory.mktemp("faulty") / "server.log")
-    yield root
-    proc.stop()
 
 
 def test_levels_lists_and_ranges() -> None:
