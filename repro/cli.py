@@ -21,6 +21,8 @@ app = typer.Typer(
 )
 sim_app = typer.Typer(help="The embedded DeepSeek-V4 SGLang simulator.", no_args_is_help=True)
 app.add_typer(sim_app, name="sim")
+trace_app = typer.Typer(help="Trace files: recorded conversations that `repro run --workload X.jsonl` replays.", no_args_is_help=True)
+app.add_typer(trace_app, name="trace")
 
 
 def _version(value: bool) -> None:
@@ -120,7 +122,7 @@ def run_command(
     max_turn_bytes: int | None = typer.Option(
         None, "--max-turn-bytes", help="Cut a response longer than this and call the turn an error (default: 64 MiB)."
     ),
-    workload: Path | None = typer.Option(None, "--workload", help="Workload YAML (default: experiments/agentic_coding.yaml)."),
+    workload: Path | None = typer.Option(None, "--workload", help="Workload YAML, or a trace of recorded conversations (.jsonl) to replay (default: experiments/agentic_coding.yaml)."),
     seed: int | None = typer.Option(None, "--seed", help="Seed of the session tasks (default: 0)."),
     name: str | None = typer.Option(None, "--name", help="Run name (default: the workload's)."),
     out: Path | None = typer.Option(None, "--out", help="Run directory (default: reports/<timestamp>-<name>/)."),
@@ -138,6 +140,9 @@ def run_command(
     ),
     client_parser: str | None = typer.Option(
         None, "--client-parser", help="Server parser emulated over a raw endpoint's text (default: sglang-0.5.23)."
+    ),
+    replay: str | None = typer.Option(
+        None, "--replay", help="With a trace (.jsonl) workload: fast (default) or timing (keep the recorded gaps between turns)."
     ),
     config: Path | None = typer.Option(None, "--config", help="YAML file of these options; the command line wins."),
 ) -> None:
@@ -166,6 +171,36 @@ def matrix_command(
         spec, out=out, resume=resume, keep_going=keep_going, cell_reports=cell_reports, variables=parse_assignments(var)
     )
     raise typer.Exit(result.exit_code)
+
+
+@app.command("schema")
+def schema_command(
+    name: str | None = typer.Argument(None, help="Schema to print: run, workload, trace, matrix, manifest, session, summary, …"),
+    write: Path | None = typer.Option(None, "--write", help="Write every schema to DIR/<name>.json instead."),
+) -> None:
+    """Print the JSON Schema of a file repro reads or writes (--write DIR: all of them)."""
+    from repro.schemas import SCHEMAS, render, write_all
+
+    if write is not None:
+        for path in write_all(write):
+            typer.echo(f"schema: wrote {path}")
+    elif name is None:
+        for entry in SCHEMAS.values():
+            typer.echo(f"{entry.name:14} {entry.file}")
+    else:
+        typer.echo(render(name), nl=False)
+
+
+@trace_app.command("convert")
+def trace_convert(
+    log: Path = typer.Argument(..., help="JSON lines of {\"request\": chat request body, \"response\": chat.completion}."),
+    output: Path = typer.Option(..., "--output", "-o", help="The trace file to write (.jsonl)."),
+) -> None:
+    """Rebuild the conversations of an OpenAI request/response log as a trace file."""
+    from repro.trace_convert import convert
+
+    calls, conversations = convert(log, output)
+    typer.echo(f"trace convert: {calls} calls, {conversations} conversations: wrote {output}")
 
 
 @sim_app.command(

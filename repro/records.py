@@ -82,7 +82,7 @@ class OutcomeCounts:
 
 class _Record(BaseModel):
     # Readers must accept files written by newer versions that added fields.
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", use_attribute_docstrings=True)
 
     # Serialising a lone surrogate to JSON raises, which would lose the record (and the run): scrub what
     # comes in (dict keys of free-form fields included), and what was assigned after construction.
