@@ -20,13 +20,13 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator, Literal
+from typing import Annotated, Any, Iterator, Literal
 from urllib.parse import urlsplit
 
 import anyio
 import httptools
 import httpx
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema, field_validator
 from rich.console import Console
 
 from dsml_checker.server_parsers import DEFAULT_PARSER, PARSERS
@@ -44,15 +44,16 @@ from repro.errors import (
     saving,
 )
 from repro.load import LoadProgress, run_load
+from repro.matrix.spec import STRING_OR_LIST
 from repro.metrics import MetricsScraper, metrics_url, server_root
 from repro.observe import ObserveMode, RawEndpoint, thinking_of
 from repro.rawprobe import PROBE_TIMEOUT_S, ProbeRequest, ProbeResult, probe
 from repro.records import Manifest, SessionRecord, Summary
 from repro.replay import ReplaySession
 from repro.session import Session, SessionConfig
-from repro.trace import Trace
 from repro.sim.launch import start_sim
 from repro.store import METRICS, REPORT, RunWriter, make_run_dir, new_run_dir, slug
+from repro.trace import Trace
 from repro.transport import Endpoint, tls_context
 from repro.untrusted import NestingError, json_depth, parse_json
 from repro.workload import Workload, load_scenario
@@ -107,7 +108,7 @@ class RunOptions(BaseModel):
     """Stream responses (server-sent events)."""
     extra_body: dict[str, Any] = Field(default_factory=dict)
     """JSON object merged into every request (e.g. `{"chat_template_kwargs": {"thinking": true}}`)."""
-    sim_args: list[str] = Field(default_factory=list)
+    sim_args: Annotated[list[str], WithJsonSchema(STRING_OR_LIST)] = Field(default_factory=list)
     """More flags for the embedded simulator (a string is split like a shell)."""
     max_corruption_rate: float | None = Field(default=None, ge=0.0, lt=1.0)
     """Gate the run at its end: exit 0 when the rate is shown below this, 1 above, 125 inconclusive."""

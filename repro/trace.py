@@ -32,11 +32,17 @@ class TraceMessage(BaseModel):
     model_config = ConfigDict(extra="allow", use_attribute_docstrings=True)
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
+    """Who said it; each `assistant` message after the first message is a turn that replay judges afresh."""
     content: str | list[dict[str, Any]] | None = None
+    """The text (or OpenAI content parts) as recorded."""
     name: str | None = None
+    """Sent as recorded."""
     tool_calls: list[dict[str, Any]] | None = None
+    """An assistant message's calls, as OpenAI writes them (`id`, `type`, `function.name`, `function.arguments`)."""
     tool_call_id: str | None = None
+    """A tool message's answer to this call id."""
     reasoning_content: str | None = None
+    """The assistant's reasoning, where the server returned it; sent as recorded."""
     timestamp: float | str | None = None
     """When the message was recorded: Unix seconds, or ISO 8601 with a zone. `--replay timing` needs them on
     assistant messages."""
@@ -52,6 +58,12 @@ class TraceMessage(BaseModel):
             if stamp.tzinfo is None:
                 raise ValueError("an ISO 8601 timestamp needs a zone (Z or +00:00)")
         return value
+
+    @model_validator(mode="after")
+    def _answers_a_call(self) -> "TraceMessage":
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("a tool message needs `tool_call_id`, the id of the call it answers")
+        return self
 
     def seconds(self) -> float | None:
         """The timestamp as Unix seconds."""
@@ -70,11 +82,13 @@ class Conversation(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     id: str | None = None
-    """A name for the conversation (default: `line-N`)."""
+    """A name for the conversation (default: `line-N`); a session's `task` in sessions.jsonl."""
     messages: list[TraceMessage] = Field(min_length=2)
+    """The whole conversation, in order."""
     tools: list[dict[str, Any]] = Field(default_factory=list)
     """The OpenAI `tools` list the conversation was offered."""
     tool_choice: str | dict[str, Any] = "auto"
+    """Sent with the tools."""
     max_tokens: int | None = Field(default=None, ge=1)
     """Default 1024."""
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
@@ -82,14 +96,12 @@ class Conversation(BaseModel):
     metadata: dict[str, Any] = Field(default_factory=dict)
     """Free-form; kept out of requests."""
 
-    @model_validator(mode="after")
-    def _has_turns(self) -> "Conversation":
-        if not self.turn_positions():
-            raise ValueError("messages: no assistant message after the first message, so nothing to replay")
-        for position, message in enumerate(self.messages):
-            if message.role == "tool" and not message.tool_call_id:
-                raise ValueError(f"messages.{position}.tool_call_id: a tool message needs the id of the call it answers")
-        return self
+    @field_validator("messages")
+    @classmethod
+    def _has_turns(cls, messages: list[TraceMessage]) -> list[TraceMessage]:
+        if not any(message.role == "assistant" for message in messages[1:]):
+            raise ValueError("no assistant message after the first message, so nothing to replay")
+        return messages
 
     def settings(self) -> dict[str, Any]:
         """The request's settings beside the messages: the recorded tools and choice, and the sampling."""

@@ -12,10 +12,10 @@ import re
 import shlex
 import string
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema, field_validator, model_validator
 
 from repro.errors import UniqueKeyLoader, UsageError, describe_validation_error, load_yaml, yaml_lines
 
@@ -48,6 +48,10 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
 
+STRING_OR_LIST = {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]}
+"""The schema of flags given as one shell-like string or as a list (the validator splits a string)."""
+
+
 def _split_flags(value: Any) -> Any:
     return shlex.split(value) if isinstance(value, str) else value
 
@@ -55,7 +59,7 @@ def _split_flags(value: Any) -> Any:
 class Level(_Model):
     """One level of a factor: what it changes in the deployment and what `/server_info` must then show."""
 
-    flags: list[str] = Field(default_factory=list)
+    flags: Annotated[list[str], WithJsonSchema(STRING_OR_LIST)] = Field(default_factory=list)
     """Server flags added to every process that takes feature flags (a string is split like a shell)."""
     env: dict[str, str] = Field(default_factory=dict)
     """Environment variables set on the processes this level applies to."""
