@@ -115,7 +115,7 @@ def run_command(
     sessions: int | None = typer.Option(None, "--sessions", help="Number of sessions (default: 60)."),
     concurrency: int | None = typer.Option(None, "--concurrency", help="Sessions at once (default: all)."),
     ramp_up: float | None = typer.Option(None, "--ramp-up", help="Spread session starts over SECONDS (default: 0)."),
-    turns: int | None = typer.Option(None, "--turns", help="Maximum turns per session (default: 12)."),
+    turns: int | None = typer.Option(None, "--turns", help="Maximum turns per session (default: 12; a trace: every recorded turn)."),
     timeout: float | None = typer.Option(None, "--timeout", help="Whole-session budget, seconds (default: 180)."),
     turn_timeout: float | None = typer.Option(None, "--turn-timeout", help="One request's budget, seconds (default: 120)."),
     stall_timeout: float | None = typer.Option(None, "--stall-timeout", help="No bytes this long: wedged (default: 30)."),

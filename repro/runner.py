@@ -66,6 +66,9 @@ TARGET_CHECK_BYTES = 16 * 1024 * 1024
 MAX_RAMP_UP_S = 86_400.0
 """A day: a longer ramp-up is a typo (1e12), and would wait without end for sessions never started."""
 MAX_EXTRA_BODY_DEPTH = 64
+DEFAULT_TURNS = 12
+MAX_REPLAY_TURNS = 1_000_000
+"""A trace replays every recorded turn unless --turns says fewer."""
 
 
 class RunOptions(BaseModel):
@@ -86,8 +89,8 @@ class RunOptions(BaseModel):
     """Sessions at once; none: all sessions at once."""
     ramp_up: float = Field(default=0.0, ge=0.0, le=MAX_RAMP_UP_S)
     """Spread the session starts over this many seconds."""
-    turns: int = Field(default=12, ge=1, le=1_000)
-    """Most turns per session (a trace: most recorded turns replayed per conversation)."""
+    turns: int | None = Field(default=None, ge=1, le=1_000)
+    """Most turns per session; none: 12 for a workload, every recorded turn of a trace's conversations."""
     timeout: float = Field(default=180.0, gt=0.0)
     """Whole-session budget, seconds: a session still going then is a timeout."""
     turn_timeout: float = Field(default=120.0, gt=0.0)
@@ -541,7 +544,7 @@ def _session_config(options: RunOptions, target: Target, workload: Workload | Tr
         workload=workload,
         seed=options.seed,
         stream=options.stream,
-        turns=options.turns,
+        turns=options.turns or (MAX_REPLAY_TURNS if isinstance(workload, Trace) else DEFAULT_TURNS),
         timeout=options.timeout,
         turn_timeout=options.turn_timeout,
         stall_timeout=options.stall_timeout,

@@ -52,9 +52,9 @@ def sent_form(message: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_replay_sends_the_recorded_history_at_every_assistant_turn(faulty: str, tmp_path: Path) -> None:
-    conversations = recorded(EXAMPLE)
+    conversations = recorded(EXAMPLE)[:2]
     result = run(tmp_path / "run", base_url=f"{faulty}/good~replay/v1", workload=EXAMPLE, observe="parsed",
-                 sessions=len(conversations), concurrency=1, turns=50)
+                 sessions=len(conversations), concurrency=1)
     assert result.exit_code == 0
     bodies = received(faulty, "good~replay")
     expected = []
@@ -70,7 +70,7 @@ def test_replay_sends_the_recorded_history_at_every_assistant_turn(faulty: str, 
 
     loaded = load_run(result.path)
     assert loaded.manifest.workload["kind"] == "trace" and loaded.manifest.workload["replay"] == "fast"
-    assert loaded.manifest.workload["turns"] == len(expected)
+    assert loaded.manifest.workload["turns"] == 4 * 15
     by_id = {c["id"]: sum(m["role"] == "assistant" for m in c["messages"]) for c in conversations}
     for session in loaded.sessions:
         assert session.outcome == "clean" and session.finished
@@ -81,13 +81,14 @@ def test_replay_sends_the_recorded_history_at_every_assistant_turn(faulty: str, 
 def test_a_corrupt_answer_makes_the_session_corrupt_and_the_replay_goes_on(faulty: str, tmp_path: Path) -> None:
     # `leak` answers the first turn of a conversation (no assistant message yet) with DSML in its content.
     result = run(tmp_path / "run", base_url=f"{faulty}/leak~replay/v1", workload=EXAMPLE, observe="parsed",
-                 sessions=4, turns=50)
+                 sessions=4, turns=3)
     loaded = load_run(result.path)
     assert {s.outcome for s in loaded.sessions} == {"corrupt"}
     for session in loaded.sessions:
         assert session.first_corrupt_turn == 0 and session.rules
         assert [t.verdict for t in session.turns][1:] == ["clean"] * (len(session.turns) - 1)
-        assert session.finished and session.turns[0].raw_path is not None
+        assert len(session.turns) == 3 and not session.finished  # --turns 3 of 15 recorded
+        assert session.turns[0].raw_path is not None
     assert result.summary.counts["corrupt"] == 4
 
 
