@@ -110,7 +110,7 @@ def _metrics_row() -> dict[str, Any]:
         "description": (
             "One row of metrics.csv (a CSV file with this header, in this column order): a Prometheus sample "
             "scraped from the target's /metrics. elapsed_s is seconds since the run started; labels is the "
-            "sample's label set as Prometheus writes it (`{a=\"b\",c=\"d\"}`, empty without labels)."
+            "sample's label set as a JSON object with sorted keys (`{}` without labels)."
         ),
         "type": "object",
         "properties": {column: {"type": kind} for column, kind in types.items()},
