@@ -16,7 +16,6 @@ import platform
 import resource
 import shlex
 import sys
-import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -55,7 +54,7 @@ from repro.sim.launch import start_sim
 from repro.store import METRICS, REPORT, RunWriter, make_run_dir, new_run_dir, slug
 from repro.trace import Trace
 from repro.transport import Endpoint, tls_context
-from repro.untrusted import NestingError, json_depth, parse_json
+from repro.untrusted import NestingError, get_bounded, json_depth, parse_json
 from repro.workload import Workload, load_scenario
 
 EMBEDDED_SIM_ARGS = ("--enable-hierarchical-cache", "--index-k-dtype", "bf16", "--enable-metrics", "--enable-cache-report")
@@ -256,15 +255,7 @@ def _headers(options: RunOptions) -> dict[str, str]:
 
 
 def _get(client: httpx.Client, url: str) -> tuple[int, bytes]:
-    """GET `url`: status and body; ValueError when the body outgrows TARGET_CHECK_BYTES or the check's time."""
-    deadline = time.monotonic() + TARGET_CHECK_TIMEOUT_S
-    body = bytearray()
-    with client.stream("GET", url) as response:
-        for piece in response.iter_bytes():
-            body += piece
-            if len(body) > TARGET_CHECK_BYTES or time.monotonic() > deadline:
-                raise ValueError(f"the answer did not end within {TARGET_CHECK_BYTES} bytes and {TARGET_CHECK_TIMEOUT_S:g}s")
-        return response.status_code, bytes(body)
+    return get_bounded(client, url, max_bytes=TARGET_CHECK_BYTES, timeout_s=TARGET_CHECK_TIMEOUT_S)
 
 
 def resolve_target(base_url: str, model: str | None, headers: dict[str, str], *, embedded: bool, sim_args: list[str]) -> Target:

@@ -6,37 +6,27 @@ history up to each recorded assistant turn, never the model's new answers, and n
 
 from __future__ import annotations
 
-import io
 import json
 import random
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import httpx
 import pytest
-from rich.console import Console
 
-from faulty_servers import start_faulty_server
-from repro.runner import RunOptions, RunResult, execute_run
+from repro.runner import RunResult
 from repro.store import load_run
 from repro.trace import SENT_KEYS, load_trace
 from repro.trace_convert import convert
+from run_builders import run as run_in_process
 from run_builders import run_main
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "traces.jsonl"
 
 
-@pytest.fixture(scope="module")
-def faulty(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    proc, root = start_faulty_server(tmp_path_factory.mktemp("faulty") / "server.log")
-    yield root
-    proc.stop()
-
-
 def run(out: Path, **options: Any) -> RunResult:
-    screen = io.StringIO()
-    return execute_run(RunOptions.parse({"out": out, **options}), console=Console(file=screen, width=150), live=False)
+    return run_in_process(out, **options)[0]
 
 
 def received(root: str, mode: str) -> list[dict[str, Any]]:
