@@ -1,6 +1,6 @@
 """Records of the run directory: what `repro run` writes and what report, gate and matrix read.
 
-These models are the contract of design.md ("Run directory", "Outcomes"). Field names are part of
+These models are the contract of docs/run-directory.md and docs/concepts.md (outcomes). Field names are part of
 the on-disk format that other tools read: add fields freely, never rename or remove one.
 
 Stored text is UTF-8: a lone surrogate (JSON may escape one, `"\ud800"`, and non-UTF-8 argv

@@ -1,6 +1,6 @@
 """One agentic session: the turn loop that sends the conversation, judges each answer and runs its tools.
 
-Knows nothing of concurrency: `load` runs many of these. Outcome rules (design.md, "Outcomes"):
+Knows nothing of concurrency: `load` runs many of these. Outcome rules (docs/concepts.md):
 - `corrupt` as soon as one turn is judged corrupt; evidence wins over a later timeout or error.
 - `error` when a request failed in transport, HTTP or stream format.
 - `timeout` when the session budget or a turn's budget ran out, or a stream stalled (`wedged`).
