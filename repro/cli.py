@@ -173,6 +173,23 @@ def matrix_command(
     raise typer.Exit(result.exit_code)
 
 
+@app.command("export")
+def export_command(
+    run_dir: Path = typer.Argument(..., help="The run directory to export."),
+    fmt: str = typer.Option("csv", "--format", help="csv or jsonl."),
+    output: Path | None = typer.Option(None, "--output", "-o", help="File to write (default: stdout)."),
+) -> None:
+    """One row per turn (session, turn, outcome, rules, latencies, tokens) as CSV or JSON lines."""
+    from repro.export import render, write
+    from repro.store import check_output, load_run
+
+    if fmt not in ("csv", "jsonl"):
+        raise UsageError(f"export --format {fmt}: expected csv or jsonl")
+    if output is not None:
+        check_output(output, [run_dir], "--output")
+    write(render(load_run(run_dir), fmt), output)  # type: ignore[arg-type]
+
+
 @app.command("schema")
 def schema_command(
     name: str | None = typer.Argument(None, help="Schema to print: run, workload, trace, matrix, manifest, session, summary, …"),
