@@ -46,6 +46,11 @@ def command_lines(text: str) -> list[str]:
             if line.endswith("\\"):
                 pending = line[:-1] + " "
                 continue
+            try:
+                shlex.split(line)
+            except ValueError:  # a quoted argument spans lines (python -c "...")
+                pending = line + "\n"
+                continue
             pending = ""
             if line.strip() and not line.lstrip().startswith("#"):
                 lines.append(line.split(" #", 1)[0])
