@@ -16,7 +16,7 @@ from run_builders import run, run_main
 def leaky_run(faulty: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
     # `leak`: every session's first turn leaks DSML into its content (corrupt); later turns are clean.
     result, _ = run(tmp_path_factory.mktemp("export") / "run", base_url=f"{faulty}/leak~export/v1",
-                    sessions=3, turns=3, observe="parsed")
+                    sessions=3, turns=3, observe="parsed", report=False)
     return result.path
 
 

@@ -26,7 +26,7 @@ EXAMPLE = ROOT / "examples" / "traces.jsonl"
 
 
 def run(out: Path, **options: Any) -> RunResult:
-    return run_in_process(out, **options)[0]
+    return run_in_process(out, report=False, **options)[0]
 
 
 def received(root: str, mode: str) -> list[dict[str, Any]]:
