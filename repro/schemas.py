@@ -256,7 +256,7 @@ def markdown() -> str:
         "",
         "Every file that `repro` and `dsml-check` read or write, field by field. The JSON Schema of each is in",
         "[schemas/](schemas/) and printed by `repro schema NAME`; editors that speak the YAML language server",
-        "validate the shipped YAML files against them as you type (see [matrix.md](matrix.md)).",
+        "validate the shipped YAML files against them as you type (see [schema.md](schema.md)).",
         "",
     ]
     for entry in SCHEMAS.values():
