@@ -35,6 +35,8 @@ class ProbeRecord(BaseModel):
     """The commit's index in the range (commit bisection)."""
     subset: list[int] | None = None
     """The changes applied to the good configuration (flag bisection)."""
+    why: str | None = None
+    """Why this probe was chosen (the decision trail)."""
     verdict: Literal["bad", "good", "inconclusive"]
     corrupt: int = 0
     clean: int = 0

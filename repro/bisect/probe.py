@@ -15,12 +15,43 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
-from repro.bisect.posterior import ProbePlan, ProbeVerdict, judge_probe
+from repro.bisect.posterior import ProbeMode, ProbePlan, ProbeVerdict, fixed_sessions, judge_probe
 from repro.errors import TargetError
 from repro.matrix.deploy import CellDeployment, LaunchPlan, ProcessLaunch
 from repro.procs import free_port
 
 SIM_COMMAND = (sys.executable, "-m", "repro.sim", "serve", "--host", "127.0.0.1")
+
+
+@dataclass(frozen=True)
+class ProbeSettings:
+    """How every probe of a search runs: the `repro run` options of its load and its stopping rule."""
+
+    load: dict[str, Any]
+    """`repro run` options (RunOptions fields) other than the target, the sessions, the seed and the output."""
+    round_sessions: int = 32
+    max_rounds: int = 3
+    mode: ProbeMode = "sequential"
+    alpha: float = 0.05
+    beta: float = 0.05
+    good_rate: float = 0.001
+    min_bad_rate: float = 0.02
+    delta: float = 0.05
+    """Fixed probes: the chance that a bad commit passes every probe of the search."""
+    seed: int = 0
+
+    def plan(self, bad_rate: float, steps: int) -> ProbePlan:
+        """The plan of one probe when the bad rate is thought to be `bad_rate`, in a search over `steps` items.
+
+        Sequential: rounds of `round_sessions` until Wald's SPRT decides, at most `max_rounds`.
+        Fixed: one round sized by `repro.stats.bisect_probe_sessions`, capped at `max_rounds` rounds' worth.
+        """
+        rate = max(bad_rate, self.min_bad_rate)
+        cap = self.round_sessions * self.max_rounds
+        if self.mode == "fixed":
+            n = fixed_sessions(rate, steps, self.delta, cap)
+            return ProbePlan("fixed", n, n, rate, self.good_rate, self.alpha, self.beta)
+        return ProbePlan("sequential", self.round_sessions, cap, rate, self.good_rate, self.alpha, self.beta)
 
 
 @dataclass
@@ -85,7 +116,9 @@ def run_probe(
     deployment = CellDeployment(launch, probe_dir / "logs", cell=probe_dir.name)
     watch = deployment.watch()
     try:
-        with deployment, watch:
+        # Each round's own tables go to load.log: the terminal shows one line per probe.
+        with deployment, watch, open(probe_dir / "load.log", "a", encoding="utf-8") as log:
+            quiet = Console(file=log, width=120, highlight=False)
             while True:
                 result.rounds += 1
                 round_dir = probe_dir / f"round-{result.rounds}"
@@ -99,7 +132,7 @@ def run_probe(
                         "seed": seed + result.rounds - 1,
                     }
                 )
-                run = execute_run(options, console=console, live=False, report=False)
+                run = execute_run(options, console=quiet, live=False, report=False)
                 if run.summary.interrupted:
                     raise KeyboardInterrupt
                 result.run_dirs.append(f"{probe_dir.name}/{round_dir.name}")
