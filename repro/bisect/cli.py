@@ -114,3 +114,52 @@ def flags_command(
     result = bisect_flags(good, bad, settings=settings, out=out or default_out("flags"), resume=resume, deploy=deploy,
                           max_probes=max_probes, ready_timeout=ready_timeout)
     raise typer.Exit(result.exit_code)
+
+
+DEPLOY_HELP = "Server command, run in the commit's checkout, with ${rev}, ${port}, ${src} and ${python}."
+BUILD = typer.Option(None, "--build", help="Build command run in the checkout first; failing makes the probe inconclusive.")
+BUILD_TIMEOUT = typer.Option(1800.0, "--build-timeout", help="Seconds a build may take.")
+
+
+@bisect_app.command("commits")
+def commits_command(
+    repo: Path = typer.Option(Path("."), "--repo", help="The git repository."),
+    good: str = typer.Option(..., "--good", help="A commit without the corruption."),
+    bad: str = typer.Option(..., "--bad", help="A later commit with it (first-parent descendant of --good)."),
+    deploy: str = typer.Option(..., "--deploy", help=DEPLOY_HELP),
+    build: str | None = BUILD,
+    confidence: float = typer.Option(0.95, "--confidence", help="Stop when one commit holds this much of the posterior."),
+    max_sessions: int = typer.Option(3000, "--max-sessions", help="Session budget of the whole search."),
+    out: Path | None = OUT,
+    resume: bool = RESUME,
+    max_probes: int = typer.Option(30, "--max-probes", help="Probe budget."),
+    sessions: int = SESSIONS,
+    max_rounds: int = MAX_ROUNDS,
+    probe: str = PROBE,
+    alpha: float = ALPHA,
+    beta: float = BETA,
+    good_rate: float = GOOD_RATE,
+    min_bad_rate: float = MIN_BAD_RATE,
+    seed: int = SEED,
+    concurrency: int | None = CONCURRENCY,
+    turns: int | None = TURNS,
+    timeout: float | None = TIMEOUT,
+    turn_timeout: float | None = TURN_TIMEOUT,
+    stall_timeout: float | None = STALL_TIMEOUT,
+    workload: Path | None = WORKLOAD,
+    config: Path | None = CONFIG,
+    build_timeout: float = BUILD_TIMEOUT,
+    ready_timeout: float = READY_TIMEOUT,
+) -> None:
+    """Bayesian search for the first bad commit: each probe deploys a commit and runs the load on it."""
+    from repro.bisect.commits import bisect_commits
+
+    if resume and out is None:
+        raise UsageError("--resume needs --out: the bisect directory to continue")
+    load = {k: v for k, v in locals().items() if k in _LOAD_KEYS}
+    settings = probe_settings(config=config, load=load, sessions=sessions, max_rounds=max_rounds, mode=probe,
+                              alpha=alpha, beta=beta, good_rate=good_rate, min_bad_rate=min_bad_rate, seed=seed)
+    result = bisect_commits(repo, good, bad, deploy=deploy, settings=settings, out=out or default_out("commits"),
+                            build=build, resume=resume, confidence=confidence, max_probes=max_probes,
+                            max_sessions=max_sessions, build_timeout=build_timeout, ready_timeout=ready_timeout)
+    raise typer.Exit(result.exit_code)
