@@ -163,3 +163,75 @@ def commits_command(
                             build=build, resume=resume, confidence=confidence, max_probes=max_probes,
                             max_sessions=max_sessions, build_timeout=build_timeout, ready_timeout=ready_timeout)
     raise typer.Exit(result.exit_code)
+
+
+def probe_command(
+    deploy: str = typer.Option(..., "--deploy", help=DEPLOY_HELP.replace("the commit's checkout", "--src")),
+    bad_rate: float = typer.Option(..., "--bad-rate", help="Corruption rate of a bad commit (measure the bad end first)."),
+    commits: int = typer.Option(100, "--commits", help="Commits in the range: sizes a fixed probe."),
+    src: Path = typer.Option(Path("."), "--src", help="The checkout to probe (git bisect run's working tree)."),
+    build: str | None = BUILD,
+    out: Path | None = typer.Option(None, "--out", help="Probe directory (default: reports/<timestamp>-probe-<rev>/)."),
+    sessions: int = SESSIONS,
+    max_rounds: int = MAX_ROUNDS,
+    probe: str = typer.Option("fixed", "--probe", help="fixed (one round sized for the range) or sequential (SPRT)."),
+    alpha: float = ALPHA,
+    beta: float = BETA,
+    good_rate: float = GOOD_RATE,
+    delta: float = typer.Option(0.05, "--delta", help="Fixed: chance that a bad commit passes every probe of the range."),
+    seed: int = SEED,
+    concurrency: int | None = CONCURRENCY,
+    turns: int | None = TURNS,
+    timeout: float | None = TIMEOUT,
+    turn_timeout: float | None = TURN_TIMEOUT,
+    stall_timeout: float | None = STALL_TIMEOUT,
+    workload: Path | None = WORKLOAD,
+    config: Path | None = CONFIG,
+    build_timeout: float = BUILD_TIMEOUT,
+    ready_timeout: float = READY_TIMEOUT,
+) -> None:
+    """One probe for `git bisect run`: exit 0 good, 1 bad, 125 inconclusive (skip); anything else aborts.
+
+    A fixed probe calls a commit bad at its first corrupt session and good after
+    ceil(ln(delta / ceil(log2 commits)) / ln(1 - bad_rate)) clean ones. git's loop trusts every answer
+    for good: one bad commit that passes by chance, or one good commit that corrupts once, sends the
+    search the wrong way for good. `repro bisect commits` keeps a posterior over the commits instead,
+    re-probes where the evidence is thin and names a commit only at --confidence.
+    """
+    import dataclasses
+    import subprocess
+
+    from rich.console import Console
+
+    from repro.bisect.gitrepo import prepare
+    from repro.bisect.probe import ProbeResult, describe, run_probe
+    from repro.errors import EXIT_FAILED, EXIT_INCONCLUSIVE, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, ReproError
+
+    console = Console(stderr=True, highlight=False, soft_wrap=True)
+    try:
+        src = src.resolve()
+        head = subprocess.run(["git", "-C", str(src), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=60)
+        rev = head.stdout.strip() if head.returncode == 0 else "unknown"
+        load = {k: v for k, v in locals().items() if k in _LOAD_KEYS}
+        settings = probe_settings(config=config, load=load, sessions=sessions, max_rounds=max_rounds, mode=probe,
+                                  alpha=alpha, beta=beta, good_rate=good_rate, min_bad_rate=good_rate * 2, seed=seed)
+        settings = dataclasses.replace(settings, delta=delta)
+        plan = settings.plan(bad_rate, commits)
+        path = out or default_out(f"probe-{rev[:10]}")
+        if path.exists() and any(path.iterdir()):
+            raise UsageError(f"--out {path}: exists and is not empty")
+        path.mkdir(parents=True, exist_ok=True)
+        prepared = prepare(deploy=deploy, build=build, rev=rev, src=src, probe_dir=path,
+                           build_timeout=build_timeout, ready_timeout=ready_timeout)
+        console.print(f"probe {rev[:10]}: {plan.mode}, {plan.round_sessions} sessions a round, up to {plan.max_sessions}")
+        if isinstance(prepared, ProbeResult):
+            result = prepared
+            console.print(f"  {describe(result)}")
+        else:
+            result = run_probe(prepared, plan, settings.load, path, seed=seed, console=console)
+    except ReproError as err:
+        # git bisect reads 1-127 (but 125) as "bad": a usage error must abort the bisection instead.
+        if err.exit_code != EXIT_INTERRUPTED:
+            err.exit_code = EXIT_INTERNAL
+        raise
+    raise typer.Exit({"good": EXIT_OK, "bad": EXIT_FAILED}.get(result.verdict, EXIT_INCONCLUSIVE))

@@ -6,6 +6,7 @@ load, or leaves most sessions timed out makes the probe inconclusive, never good
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from dataclasses import dataclass, field
@@ -44,13 +45,15 @@ class ProbeSettings:
         """The plan of one probe when the bad rate is thought to be `bad_rate`, in a search over `steps` items.
 
         Sequential: rounds of `round_sessions` until Wald's SPRT decides, at most `max_rounds`.
-        Fixed: one round sized by `repro.stats.bisect_probe_sessions`, capped at `max_rounds` rounds' worth.
+        Fixed: `repro.stats.bisect_probe_sessions` sessions, in whole rounds (the corruption depends on
+        how many sessions run at once, so a round never shrinks), capped at `max_rounds` rounds.
         """
         rate = max(bad_rate, self.min_bad_rate)
         cap = self.round_sessions * self.max_rounds
         if self.mode == "fixed":
-            n = fixed_sessions(rate, steps, self.delta, cap)
-            return ProbePlan("fixed", n, n, rate, self.good_rate, self.alpha, self.beta)
+            rounds = math.ceil(fixed_sessions(rate, steps, self.delta, cap) / self.round_sessions)
+            return ProbePlan("fixed", self.round_sessions, rounds * self.round_sessions, rate, self.good_rate,
+                             self.alpha, self.beta)
         return ProbePlan("sequential", self.round_sessions, cap, rate, self.good_rate, self.alpha, self.beta)
 
 

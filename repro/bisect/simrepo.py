@@ -15,6 +15,7 @@ import argparse
 import random
 import subprocess
 from pathlib import Path
+from typing import Collection
 
 DEPLOY = "${python} -m repro.sim serve --host 127.0.0.1 --port ${port} $(cat sim.flags)"
 BUILD = "bash build.sh"
@@ -46,11 +47,13 @@ def _git(repo: Path, *args: str) -> None:
     subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, timeout=60)
 
 
-def build_repo(path: Path, *, commits: int = 16, culprit: int = 9, broken: int | None = None, seed: int = 0) -> list[str]:
+def build_repo(
+    path: Path, *, commits: int = 16, culprit: int = 9, broken: Collection[int] = (), seed: int = 0
+) -> list[str]:
     """Create the repository at `path` with `commits` commits (index 0 is good) and return their shas.
 
-    Commit `culprit` removes the index-K gate; commit `broken` (if given) ships a build.sh that fails,
-    the next commit fixes it. Every other commit changes one unrelated setting.
+    Commit `culprit` removes the index-K gate; the commits in `broken` ship a build.sh that fails.
+    Every other commit changes one unrelated setting.
     """
     if not 1 <= culprit < commits:
         raise ValueError(f"culprit must be in 1..{commits - 1}, got {culprit}")
@@ -72,7 +75,7 @@ def build_repo(path: Path, *, commits: int = 16, culprit: int = 9, broken: int |
             flags[key] = rng.choice([v for v in values if v != flags.get(key)])
             subject = f"v{index}: {key.lstrip('-')} {flags[key]}"
         (path / "sim.flags").write_text(_render(flags), encoding="utf-8")
-        failing = broken is not None and index == broken
+        failing = index in broken
         (path / "build.sh").write_text("echo 'build: missing header'; exit 1\n" if failing else "exit 0\n", encoding="utf-8")
         if failing:
             subject += " (does not build)"
@@ -88,7 +91,7 @@ def main() -> None:
     parser.add_argument("path", type=Path)
     parser.add_argument("--commits", type=int, default=64)
     parser.add_argument("--culprit", type=int, default=40)
-    parser.add_argument("--broken", type=int, default=None)
+    parser.add_argument("--broken", type=int, action="append", default=[], help="an unbuildable commit (repeatable)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     shas = build_repo(args.path, commits=args.commits, culprit=args.culprit, broken=args.broken, seed=args.seed)
