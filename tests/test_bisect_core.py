@@ -125,6 +125,8 @@ def test_probe_verdicts() -> None:
     assert judge_probe(seq, 1, 16, 0) == "continue"
     assert judge_probe(seq, 0, 16, 0) == "continue"
     assert judge_probe(seq, 0, 32, 0) == "good"
+    # 2 of 64 sits between the rates at the cap: undecided, its counts still evidence.
+    assert judge_probe(seq, 2, 64, 0) == "undecided"
     fixed = ProbePlan("fixed", 32, 32, bad_rate=0.15, good_rate=0.001)
     assert judge_probe(fixed, 0, 32, 0) == "good"
     assert judge_probe(fixed, 0, 16, 0) == "continue"

@@ -56,7 +56,7 @@ def default_out(kind: str) -> Path:
 
 # Options shared by every command (typer needs them spelled out per command).
 SESSIONS = typer.Option(32, "--sessions", help="Sessions per probe round (run at --concurrency).")
-MAX_ROUNDS = typer.Option(3, "--max-rounds", help="Rounds a sequential probe may run before it is inconclusive.")
+MAX_ROUNDS = typer.Option(3, "--max-rounds", help="Rounds a sequential probe may run before it ends undecided.")
 PROBE = typer.Option("sequential", "--probe", help="sequential (Wald's SPRT over rounds) or fixed (one sized round).")
 ALPHA = typer.Option(0.05, "--alpha", help="A probe's chance of calling a good target bad.")
 BETA = typer.Option(0.05, "--beta", help="A probe's chance of calling a bad target good.")
@@ -134,7 +134,9 @@ def commits_command(
     resume: bool = RESUME,
     max_probes: int = typer.Option(30, "--max-probes", help="Probe budget."),
     sessions: int = SESSIONS,
-    max_rounds: int = MAX_ROUNDS,
+    max_rounds: int = typer.Option(
+        1, "--max-rounds", help="Rounds per probe; 1: the posterior decides where to look again, more: each probe an SPRT."
+    ),
     probe: str = PROBE,
     alpha: float = ALPHA,
     beta: float = BETA,
@@ -190,7 +192,7 @@ def probe_command(
     build_timeout: float = BUILD_TIMEOUT,
     ready_timeout: float = READY_TIMEOUT,
 ) -> None:
-    """One probe for `git bisect run`: exit 0 good, 1 bad, 125 inconclusive (skip); anything else aborts.
+    """One probe for `git bisect run`: exit 0 good, 1 bad, 125 inconclusive or undecided (skip); anything else aborts.
 
     A fixed probe calls a commit bad at its first corrupt session and good after
     ceil(ln(delta / ceil(log2 commits)) / ln(1 - bad_rate)) clean ones. git's loop trusts every answer

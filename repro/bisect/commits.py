@@ -3,15 +3,17 @@
 The bad end is probed first (it must corrupt; its counts start the model of the bad rate), then
 every next commit is the one whose probe is expected to teach most about the culprit
 (repro.bisect.posterior), each probe sized by the SPRT or the fixed bisection size. A commit whose
-build or start fails, or whose sessions mostly time out, is inconclusive and never probed again.
+build or start fails, or whose sessions mostly time out, is inconclusive and never probed again; a
+probe that reached its cap undecided still counts, and its commit may be probed again.
 The search stops when one commit holds `--confidence` of the posterior, when "no culprit" does,
 or when the budget runs out, and then names the posterior's likeliest commits.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Sequence
 
 from rich.console import Console
 
@@ -36,6 +38,61 @@ from repro.errors import UsageError
 def _observations(records: list[ProbeRecord]) -> list[Observation]:
     return [Observation(r.index, r.corrupt, r.completed) for r in records
             if r.verdict != "inconclusive" and r.index is not None]
+
+
+@dataclass(frozen=True)
+class Next:
+    """Probe commit `index` with `plan`, for the reason `why` (the decision trail)."""
+
+    index: int
+    plan: ProbePlan
+    why: str
+
+
+@dataclass(frozen=True)
+class Ended:
+    """The search is over: `stop` says why (None: the bad end itself could not be probed)."""
+
+    stop: Stop | None
+    posterior: Posterior
+
+
+def decide(
+    commits: int,
+    records: Sequence[ProbeRecord],
+    model: Model,
+    settings: ProbeSettings,
+    *,
+    confidence: float,
+    max_probes: int,
+    max_sessions: int,
+) -> Next | Ended:
+    """The search's next step from the probes so far (pure: the command and the benchmark share it).
+
+    The bad end comes first, a fixed probe of up to two rounds; a commit with an inconclusive probe is
+    never chosen again.
+    """
+    post = posterior(commits, _observations(records), model)
+    bad_end = [r for r in records if r.index == commits - 1]
+    if not bad_end:
+        plan = ProbePlan("fixed", settings.round_sessions, 2 * settings.round_sessions,
+                         max(0.5, settings.min_bad_rate), settings.good_rate, settings.alpha, settings.beta)
+        return Next(commits - 1, plan, "the bad end: it must corrupt, and its rate starts the model")
+    if all(r.verdict == "inconclusive" for r in bad_end):
+        return Ended(None, post)
+    plan = settings.plan(post.bad_rate, commits)
+    skip = frozenset(r.index for r in records if r.verdict == "inconclusive" and r.index is not None)
+    nxt = next_commit(post, plan.round_sessions, model.good_rate, skip)
+    sessions = sum(r.clean + r.corrupt + r.timeout + r.error for r in records)
+    stop = should_stop(post, confidence=confidence, probes=len(records), sessions=sessions,
+                       max_probes=max_probes, max_sessions=max_sessions, stuck=nxt is None)
+    if stop is not None or nxt is None:
+        return Ended(stop, post)
+    gain = information_gain(post, plan.round_sessions, model.good_rate)[nxt]
+    best, p_best = post.top(1)[0]
+    why = (f"P(bad) = {post.bad_probability()[nxt]:.2f}, expected gain {gain:.2f} bits; "
+           f"leader #{best} at {p_best:.2f}, bad rate ~{post.bad_rate:.1%}")
+    return Next(nxt, plan, why)
 
 
 def _conclusion(stop: Stop, post: Posterior, commits: list[Commit], confidence: float) -> str:
@@ -111,29 +168,17 @@ def bisect_commits(
                 remove_checkout(leftover)
 
     base = {"kind": "commits", "commits": [c.label(i) for i, c in enumerate(commits)]}
-    if not any(r.index == n - 1 for r in search.records):
-        bad_plan = ProbePlan("fixed", settings.round_sessions, 2 * settings.round_sessions,
-                             max(0.5, settings.min_bad_rate), settings.good_rate, settings.alpha, settings.beta)
-        probe(n - 1, bad_plan, "the bad end: it must corrupt, and its rate starts the model")
-    bad_end = [r for r in search.records if r.index == n - 1]
-    if all(r.verdict == "inconclusive" for r in bad_end):
+    while True:
+        step = decide(n, search.records, model, settings, confidence=confidence, max_probes=max_probes,
+                      max_sessions=max_sessions)
+        if isinstance(step, Ended):
+            break
+        probe(step.index, step.plan, step.why)
+    if step.stop is None:
+        bad_end = [r for r in search.records if r.index == n - 1]
         return search.finish({**base, "status": "stuck", "found": [], "top": [],
                               "conclusion": f"The bad end could not be probed: {bad_end[-1].message}"})
-    while True:
-        post = posterior(n, _observations(search.records), model)
-        plan = settings.plan(post.bad_rate, n)
-        skip = frozenset(r.index for r in search.records if r.verdict == "inconclusive" and r.index is not None)
-        nxt = next_commit(post, plan.round_sessions, model.good_rate, skip)
-        stop = should_stop(post, confidence=confidence, probes=len(search.records), sessions=search.sessions,
-                           max_probes=max_probes, max_sessions=max_sessions, stuck=nxt is None)
-        if stop is not None:
-            break
-        assert nxt is not None
-        gain = information_gain(post, plan.round_sessions, model.good_rate)[nxt]
-        best, p_best = post.top(1)[0]
-        why = (f"P(bad) = {post.bad_probability()[nxt]:.2f}, expected gain {gain:.2f} bits; "
-               f"leader {commits[best].sha[:10]} at {p_best:.2f}, bad rate ~{post.bad_rate:.1%}")
-        probe(nxt, plan, why)
+    stop, post = step.stop, step.posterior
     top = [{"label": commits[i].label(i), "probability": p} for i, p in post.top(5)]
     found = [commits[stop.commit].label(stop.commit)] if stop.reason == "found" and stop.commit is not None else []
     return search.finish({**base, "status": stop.reason, "found": found, "top": top, "none": post.none,

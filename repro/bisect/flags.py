@@ -28,7 +28,7 @@ from repro.matrix.deploy import LaunchPlan
 from repro.matrix.spec import Template
 from repro.procs import free_port
 
-OUTCOME = {"bad": "fail", "good": "pass", "inconclusive": "inconclusive"}
+OUTCOME = {"bad": "fail", "good": "pass", "undecided": "inconclusive", "inconclusive": "inconclusive"}
 
 
 class _Budget(Exception):
@@ -117,7 +117,7 @@ def bisect_flags(
                              settings.good_rate, settings.alpha, settings.beta)
         verdict = probe(everything, bad_plan, "the bad end must corrupt; its rate sizes the later probes")
         if verdict != "bad":
-            status = "no_culprit" if verdict == "good" else "stuck"
+            status = "no_culprit" if verdict == "good" else "stuck"  # fixed probes end good or bad, or inconclusive
             conclusion = (
                 "The bad configuration showed no corruption: nothing to bisect (raise --sessions, or check the load)."
                 if verdict == "good" else "The bad configuration's probe was inconclusive: " + str(recorded[everything].message)

@@ -37,7 +37,8 @@ class ProbeRecord(BaseModel):
     """The changes applied to the good configuration (flag bisection)."""
     why: str | None = None
     """Why this probe was chosen (the decision trail)."""
-    verdict: Literal["bad", "good", "inconclusive"]
+    verdict: Literal["bad", "good", "undecided", "inconclusive"]
+    """undecided: the probe's test reached its cap (its counts count); inconclusive: they do not."""
     corrupt: int = 0
     clean: int = 0
     timeout: int = 0

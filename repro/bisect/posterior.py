@@ -8,7 +8,8 @@ so every bad-side probe, the bad end's included, teaches the model the rate; the
 clean bad end speak for "none") and a commit i < c with the small `good_rate`
 (a corrupt session on a good commit is not impossible, only unlikely: the signal is flaky both ways).
 
-A probe's outcome is its counts (corrupt of completed sessions); inconclusive probes carry no counts.
+A probe's outcome is its counts (corrupt of completed sessions), also when its own test stopped
+undecided at its cap; inconclusive probes (a failed start, too many timeouts) carry no counts.
 The next commit to probe is the one whose probe is expected to teach most about the culprit, and a
 probe's size comes from `repro.stats.sequential` (Wald's SPRT, or the fixed bisection size).
 """
@@ -202,7 +203,7 @@ def should_stop(
     return None
 
 
-ProbeVerdict = Literal["bad", "good", "continue", "inconclusive"]
+ProbeVerdict = Literal["bad", "good", "undecided", "continue", "inconclusive"]
 ProbeMode = Literal["sequential", "fixed"]
 
 
@@ -238,7 +239,7 @@ def judge_probe(plan: ProbePlan, corrupt: int, completed: int, unfinished: int) 
 
     `unfinished` counts timed-out and failed sessions: they prove nothing, and when they exceed
     `max_timeout_share` of the sessions the probe is inconclusive (never "good"). Sequential: Wald's
-    SPRT of the good rate against the bad rate. Fixed: bad at any corruption, good once the planned
+    SPRT of the good rate against the bad rate, "undecided" at the cap (its counts still count). Fixed: bad at any corruption, good once the planned
     sessions completed clean.
     """
     total = completed + unfinished
@@ -259,4 +260,4 @@ def judge_probe(plan: ProbePlan, corrupt: int, completed: int, unfinished: int) 
         return "good"
     if decision == "continue" and total < plan.max_sessions:
         return "continue"
-    return "inconclusive"
+    return "undecided"

@@ -149,10 +149,10 @@ def run_probe(
                     plan, result.corrupt, result.corrupt + result.clean, result.timeout + result.error
                 )
                 if result.verdict == "inconclusive":
-                    result.message = (
-                        f"{result.timeout + result.error} of {result.corrupt + result.clean + result.timeout + result.error}"
-                        " sessions timed out or failed" if result.timeout + result.error else "no decision at the cap"
-                    )
+                    total = result.corrupt + result.clean + result.timeout + result.error
+                    result.message = f"{result.timeout + result.error} of {total} sessions timed out or failed"
+                elif result.verdict == "undecided":
+                    result.message = f"no decision after {plan.max_sessions} sessions"
                 if result.verdict != "continue":
                     break
     except TargetError as err:
