@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from repro.bisect.commits import Ended, decide
 from repro.bisect.ddmin import ddmin
 from repro.bisect.journal import PROBES, Journal, ProbeRecord
 from repro.bisect.posterior import (
@@ -21,6 +22,7 @@ from repro.bisect.posterior import (
     posterior,
     should_stop,
 )
+from repro.bisect.probe import ProbeSettings
 from repro.errors import UsageError
 
 observations = st.lists(
@@ -183,3 +185,63 @@ def test_journal_keeps_probes_ignores_a_torn_line_and_refuses_other_settings(tmp
     assert (first.parent / f"{first.name}.partial-1" / "x").exists()
     again.write_state({"probes": 1})
     assert json.loads((tmp_path / "b" / "bisect.json").read_text()) == {"probes": 1}
+
+
+def _drawn_search(commits: int, culprit: int | None, rate: float, seed: int, broken: frozenset[int] = frozenset()):
+    """`bisect commits`' own decisions against probes drawn at `rate` (bad commits) and 0 (good ones)."""
+    rng = np.random.default_rng(seed)
+    settings = ProbeSettings(load={}, round_sessions=16, max_rounds=1)
+    records: list[ProbeRecord] = []
+    while True:
+        step = decide(commits, records, Model(), settings, confidence=0.95, max_probes=60, max_sessions=5000)
+        if isinstance(step, Ended):
+            return step, records
+        if step.index in broken:
+            records.append(ProbeRecord(number=len(records) + 1, target="", index=step.index, verdict="inconclusive",
+                                       message="build failed"))
+            continue
+        truth = rate if culprit is not None and step.index >= culprit else 0.0
+        corrupt = clean = 0
+        while True:
+            k = int(rng.binomial(step.plan.round_sessions, truth))
+            corrupt, clean = corrupt + k, clean + step.plan.round_sessions - k
+            verdict = judge_probe(step.plan, corrupt, corrupt + clean, 0)
+            if verdict != "continue":
+                break
+        records.append(ProbeRecord(number=len(records) + 1, target="", index=step.index, verdict=verdict,
+                                   corrupt=corrupt, clean=clean))
+
+
+@pytest.mark.parametrize("culprit", [1, 63])
+def test_a_culprit_at_either_end_is_named_on_a_flaky_signal(culprit: int) -> None:
+    for seed in range(5):
+        step, records = _drawn_search(64, culprit, 0.15, seed)
+        assert step.stop is not None and (step.stop.reason, step.stop.commit) == ("found", culprit), (seed, records)
+        assert records[0].index == 63
+
+
+def test_a_range_with_no_culprit_says_so() -> None:
+    step, records = _drawn_search(64, None, 0.15, 0)
+    assert step.stop is not None and step.stop.reason == "no_culprit"
+    assert all(r.corrupt == 0 for r in records)
+
+
+def test_inconclusive_commits_are_steered_around_and_never_reprobed() -> None:
+    # The commit before the culprit does not build: once 7 is good and 9 bad, only 8 or 9 can be to blame,
+    # and no probe left can tell them apart. The search says so instead of probing on.
+    step, records = _drawn_search(16, 9, 0.3, 1, broken=frozenset({8}))
+    assert sum(r.index == 8 for r in records) == 1
+    assert step.stop is not None and step.stop.reason == "stuck"
+    assert {i for i, _ in step.posterior.top(2)} == {8, 9}
+    assert step.posterior.culprit[8] + step.posterior.culprit[9] > 0.95
+    # Elsewhere an unbuildable commit only costs its own failed build.
+    step, records = _drawn_search(16, 9, 0.3, 1, broken=frozenset({4, 12}))
+    assert step.stop is not None and (step.stop.reason, step.stop.commit) == ("found", 9)
+    assert sum(r.index in (4, 12) for r in records) <= 2
+
+
+def test_a_bad_end_that_cannot_be_probed_ends_the_search() -> None:
+    settings = ProbeSettings(load={})
+    records = [ProbeRecord(number=1, target="", index=15, verdict="inconclusive", message="start failed")]
+    step = decide(16, records, Model(), settings, confidence=0.95, max_probes=30, max_sessions=1000)
+    assert isinstance(step, Ended) and step.stop is None

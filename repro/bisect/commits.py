@@ -104,7 +104,8 @@ def _conclusion(stop: Stop, post: Posterior, commits: list[Commit], confidence: 
         return (f"No commit of the range is to blame (P = {stop.probability:.3f}): the bad end does not "
                 "reproduce the corruption at the least rate looked for.")
     best = ", ".join(f"{commits[i].sha[:10]} ({p:.2f})" for i, p in post.top(3))
-    why = {"budget": "the probe or session budget ran out", "stuck": "every remaining candidate is inconclusive"}
+    why = {"budget": "the probe or session budget ran out",
+           "stuck": "the doubt left is on commits whose probes were inconclusive"}
     return f"No commit holds {confidence:.2f} of the posterior ({why[stop.reason]}); likeliest: {best}."
 
 

@@ -156,8 +156,13 @@ def information_gain(post: Posterior, sessions: int, good_rate: float) -> np.nda
     return _entropy(hit) - (bad * _entropy(np.array(hit_bad)) + (1.0 - bad) * _entropy(np.array(hit_good)))
 
 
+MIN_GAIN_BITS = 1e-3
+"""Below this expected gain no probe is worth its sessions: the remaining doubt sits on commits that cannot be probed."""
+
+
 def next_commit(post: Posterior, sessions: int, good_rate: float, skip: frozenset[int] = frozenset()) -> int | None:
-    """The commit (1..N-1, not in `skip`) whose probe teaches most; None when every one is skipped.
+    """The commit (1..N-1, not in `skip`) whose probe teaches most; None when every one is skipped or
+    none would teach `MIN_GAIN_BITS`.
 
     Ties go to the commit nearest the posterior median, then to the lower index.
     """
@@ -166,7 +171,8 @@ def next_commit(post: Posterior, sessions: int, good_rate: float, skip: frozense
     candidates = [i for i in range(1, post.commits) if i not in skip]
     if not candidates:
         return None
-    return max(candidates, key=lambda i: (round(float(gain[i]), 9), -abs(float(bad[i]) - 0.5), -i))
+    best = max(candidates, key=lambda i: (round(float(gain[i]), 9), -abs(float(bad[i]) - 0.5), -i))
+    return best if gain[best] >= MIN_GAIN_BITS else None
 
 
 StopReason = Literal["found", "no_culprit", "budget", "stuck"]
