@@ -21,6 +21,10 @@ app = typer.Typer(
 )
 sim_app = typer.Typer(help="The embedded DeepSeek-V4 SGLang simulator.", no_args_is_help=True)
 app.add_typer(sim_app, name="sim")
+from repro.bisect.cli import bisect_app, probe_command  # noqa: E402 - light: the searches load inside its commands
+
+app.add_typer(bisect_app, name="bisect")
+app.command("probe")(probe_command)
 
 
 def _version(value: bool) -> None:
