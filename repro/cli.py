@@ -25,6 +25,8 @@ from repro.bisect.cli import bisect_app, probe_command  # noqa: E402 - light: th
 
 app.add_typer(bisect_app, name="bisect")
 app.command("probe")(probe_command)
+trace_app = typer.Typer(help="Trace files: recorded conversations that `repro run --workload X.jsonl` replays.", no_args_is_help=True)
+app.add_typer(trace_app, name="trace")
 
 
 def _version(value: bool) -> None:
@@ -117,14 +119,14 @@ def run_command(
     sessions: int | None = typer.Option(None, "--sessions", help="Number of sessions (default: 60)."),
     concurrency: int | None = typer.Option(None, "--concurrency", help="Sessions at once (default: all)."),
     ramp_up: float | None = typer.Option(None, "--ramp-up", help="Spread session starts over SECONDS (default: 0)."),
-    turns: int | None = typer.Option(None, "--turns", help="Maximum turns per session (default: 12)."),
+    turns: int | None = typer.Option(None, "--turns", help="Maximum turns per session (default: 12; a trace: every recorded turn)."),
     timeout: float | None = typer.Option(None, "--timeout", help="Whole-session budget, seconds (default: 180)."),
     turn_timeout: float | None = typer.Option(None, "--turn-timeout", help="One request's budget, seconds (default: 120)."),
     stall_timeout: float | None = typer.Option(None, "--stall-timeout", help="No bytes this long: wedged (default: 30)."),
     max_turn_bytes: int | None = typer.Option(
         None, "--max-turn-bytes", help="Cut a response longer than this and call the turn an error (default: 64 MiB)."
     ),
-    workload: Path | None = typer.Option(None, "--workload", help="Workload YAML (default: experiments/agentic_coding.yaml)."),
+    workload: Path | None = typer.Option(None, "--workload", help="Workload YAML, or a trace of recorded conversations (.jsonl) to replay (default: experiments/agentic_coding.yaml)."),
     seed: int | None = typer.Option(None, "--seed", help="Seed of the session tasks (default: 0)."),
     name: str | None = typer.Option(None, "--name", help="Run name (default: the workload's)."),
     out: Path | None = typer.Option(None, "--out", help="Run directory (default: reports/<timestamp>-<name>/)."),
@@ -148,6 +150,9 @@ def run_command(
     ),
     client_parser: str | None = typer.Option(
         None, "--client-parser", help="Server parser emulated over a raw endpoint's text (default: sglang-0.5.23)."
+    ),
+    replay: str | None = typer.Option(
+        None, "--replay", help="With a trace (.jsonl) workload: fast (default) or timing (keep the recorded gaps between turns)."
     ),
     config: Path | None = typer.Option(None, "--config", help="YAML file of these options; the command line wins."),
 ) -> None:
@@ -213,6 +218,51 @@ def sweep_command(
         sim_args=shlex.split(sim_args or ""), spec=target, confidence=confidence,
         run_options={key: value for key, value in options.items() if value is not None},
     )
+@app.command("export")
+def export_command(
+    run_dir: Path = typer.Argument(..., help="The run directory to export."),
+    fmt: str = typer.Option("csv", "--format", help="csv or jsonl."),
+    output: Path | None = typer.Option(None, "--output", "-o", help="File to write (default: stdout)."),
+) -> None:
+    """One row per turn (session, turn, outcome, rules, latencies, tokens) as CSV or JSON lines."""
+    from repro.export import render, write
+    from repro.store import check_output, load_run
+
+    if fmt not in ("csv", "jsonl"):
+        raise UsageError(f"export --format {fmt}: expected csv or jsonl")
+    if output is not None:
+        check_output(output, [run_dir], "--output")
+    write(render(load_run(run_dir), fmt), output)  # type: ignore[arg-type]
+
+
+@app.command("schema")
+def schema_command(
+    name: str | None = typer.Argument(None, help="Schema to print: run, workload, trace, matrix, manifest, session, summary, …"),
+    write: Path | None = typer.Option(None, "--write", help="Write every schema to DIR/<name>.json instead."),
+) -> None:
+    """Print the JSON Schema of a file repro reads or writes (--write DIR: all of them)."""
+    from repro.schemas import SCHEMAS, render, write_all
+
+    if write is not None:
+        for path in write_all(write):
+            typer.echo(f"schema: wrote {path}")
+    elif name is None:
+        for entry in SCHEMAS.values():
+            typer.echo(f"{entry.name:14} {entry.file}")
+    else:
+        typer.echo(render(name), nl=False)
+
+
+@trace_app.command("convert")
+def trace_convert(
+    log: Path = typer.Argument(..., help="JSON lines of {\"request\": chat request body, \"response\": chat.completion}."),
+    output: Path = typer.Option(..., "--output", "-o", help="The trace file to write (.jsonl)."),
+) -> None:
+    """Rebuild the conversations of an OpenAI request/response log as a trace file."""
+    from repro.trace_convert import convert
+
+    calls, conversations = convert(log, output)
+    typer.echo(f"trace convert: {calls} calls, {conversations} conversations: wrote {output}")
 
 
 @sim_app.command(

@@ -1,6 +1,6 @@
 """Records of the run directory: what `repro run` writes and what report, gate and matrix read.
 
-These models are the contract of design.md ("Run directory", "Outcomes"). Field names are part of
+These models are the contract of docs/run-directory.md and docs/concepts.md (outcomes). Field names are part of
 the on-disk format that other tools read: add fields freely, never rename or remove one.
 
 Stored text is UTF-8: a lone surrogate (JSON may escape one, `"\ud800"`, and non-UTF-8 argv
@@ -82,7 +82,7 @@ class OutcomeCounts:
 
 class _Record(BaseModel):
     # Readers must accept files written by newer versions that added fields.
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", use_attribute_docstrings=True)
 
     # Serialising a lone surrogate to JSON raises, which would lose the record (and the run): scrub what
     # comes in (dict keys of free-form fields included), and what was assigned after construction.
