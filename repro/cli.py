@@ -139,6 +139,7 @@ def run_command(
     client_parser: str | None = typer.Option(
         None, "--client-parser", help="Server parser emulated over a raw endpoint's text (default: sglang-0.5.23)."
     ),
+    workers: int | None = typer.Option(None, "--workers", help="Shard the sessions across N local processes (default: 1)."),
     config: Path | None = typer.Option(None, "--config", help="YAML file of these options; the command line wins."),
 ) -> None:
     """Drive a deployment with concurrent agentic sessions and classify each as clean, corrupt, timeout or error."""

@@ -323,6 +323,8 @@ class Summary(_Record):
     """Keys: ttft_s, e2e_s, queue_s, max_gap_s, session_s."""
     loop_lag: Percentiles | None = None
     """Event-loop lag of the client, sampled during the run: high values mean the client distorted timings."""
+    worker_loop_lag: list[Percentiles] = Field(default_factory=list)
+    """With `--workers`: each worker process's loop lag (`loop_lag` pools them)."""
     duration_s: float = 0.0
     interrupted: bool = False
     gate: dict[str, Any] | None = None

@@ -43,12 +43,13 @@ from repro.errors import (
     load_yaml,
     saving,
 )
-from repro.load import LoadProgress, run_load
+from repro.load import LoadProgress, LoadResult, run_load
 from repro.metrics import MetricsScraper, metrics_url, server_root
 from repro.observe import ObserveMode, RawEndpoint, thinking_of
 from repro.rawprobe import PROBE_TIMEOUT_S, ProbeRequest, ProbeResult, probe
 from repro.records import Manifest, SessionRecord, Summary
 from repro.session import Session, SessionConfig
+from repro.shards import run_sharded
 from repro.sim.launch import start_sim
 from repro.store import METRICS, REPORT, RunWriter, make_run_dir, new_run_dir, slug
 from repro.transport import Endpoint, tls_context
@@ -101,6 +102,8 @@ class RunOptions(BaseModel):
     """Take raw text from this endpoint instead of chat logprobs; None: logprobs when they cover tool calls."""
     client_parser: str = DEFAULT_PARSER
     """The server parser emulated client-side over a raw-text endpoint's text (repro.observe)."""
+    workers: int = Field(default=1, ge=1, le=256)
+    """Worker processes the sessions are sharded across (repro.shards); 1: this process alone."""
 
     @field_validator("client_parser")
     @classmethod
@@ -350,7 +353,7 @@ async def _drive(
     console: Console,
     live: bool,
     base_url: str,
-) -> tuple[list[SessionRecord], bool, list[float], float]:
+) -> tuple[list[SessionRecord], LoadResult]:
     concurrency = options.concurrency or options.sessions
     records: list[SessionRecord] = []
     progress = LoadProgress(planned=options.sessions)
@@ -381,15 +384,21 @@ async def _drive(
         def make_session(index: int) -> Session:
             return Session(index, config, client, keep_raw=keep_raw, origin=origin)
 
-        result = await run_load(
-            options.sessions, concurrency, make_session, on_finish, ramp_up=options.ramp_up, progress=progress,
-            stop=disk_full,
-        )
+        if options.workers > 1:
+            result = await run_sharded(
+                min(options.workers, concurrency, options.sessions), options.sessions, concurrency, config, on_finish, keep_raw,
+                ramp_up=options.ramp_up, progress=progress, stop=disk_full,
+            )
+        else:
+            result = await run_load(
+                options.sessions, concurrency, make_session, on_finish, ramp_up=options.ramp_up, progress=progress,
+                stop=disk_full,
+            )
         group.cancel_scope.cancel()
         if not result.interrupted:
             # The counters as the run ends, whatever the scrape interval left out.
             await scraper.scrape_once(origin)
-    return records, result.interrupted, result.loop_lag_s, result.duration_s
+    return records, result
 
 
 def _versions() -> dict[str, str]:
@@ -456,9 +465,9 @@ def execute_run(
             raise UsageError(f"--out {run_dir}: cannot write the manifest: {err.strerror or err}") from None
         start.done = True
         with saving("the records of the sessions in flight, summary.json and report.html"):
-            records, interrupted, lag, duration = anyio.run(_drive, options, config, writer, console, live, base_url)
+            records, load = anyio.run(_drive, options, config, writer, console, live, base_url)
     with saving("summary.json and report.html"):
-        return _save(options, run_dir, writer, manifest, records, interrupted, lag, duration, console, report)
+        return _save(options, run_dir, writer, manifest, records, load, console, report)
 
 
 def _save(
@@ -467,9 +476,7 @@ def _save(
     writer: RunWriter,
     manifest: Manifest,
     records: list[SessionRecord],
-    interrupted: bool,
-    lag: list[float],
-    duration: float,
+    load: LoadResult,
     console: Console,
     report: bool,
 ) -> RunResult:
@@ -480,9 +487,11 @@ def _save(
     from repro.summary import summarize
 
     full = writer.full
+    interrupted = load.interrupted
     observe = manifest.observe or {}
     summary = summarize(
-        records, loop_lag_s=lag, duration_s=duration, interrupted=interrupted, lost=writer.lost,
+        records, loop_lag_s=load.loop_lag_s, worker_loop_lag_s=load.worker_loop_lag_s, duration_s=load.duration_s,
+        interrupted=interrupted, lost=writer.lost,
         stop_reason=None if full is None else f"the run stopped early: cannot write ({full.strerror or full})",
         observe=observe.get("mode"), raw_source=observe.get("raw_source"),
     )
