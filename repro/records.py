@@ -350,6 +350,8 @@ class Manifest(_Record):
     observe: dict[str, Any] | None = None
     """The observe mode requested and run, the raw source, what the capability probe found, and warnings."""
     versions: dict[str, str] = Field(default_factory=dict)
+    node: dict[str, str] | None = None
+    """Where the load ran (repro.node): hostname, and ray_node_id under the Ray executor."""
     started_at: str
     """ISO 8601, UTC."""
     ended_at: str | None = None

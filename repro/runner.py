@@ -45,6 +45,7 @@ from repro.errors import (
 )
 from repro.load import LoadProgress, LoadResult, run_load
 from repro.metrics import MetricsScraper, metrics_url, server_root
+from repro.node import where
 from repro.observe import ObserveMode, RawEndpoint, thinking_of
 from repro.rawprobe import PROBE_TIMEOUT_S, ProbeRequest, ProbeResult, probe
 from repro.records import Manifest, SessionRecord, Summary
@@ -457,6 +458,7 @@ def execute_run(
             server_info=target.server_info,
             observe=observed.manifest_entry(options.observe),
             versions=_versions(),
+            node=where(),
             started_at=_utc_now(),
         )
         try:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, ValidationError, field_validator, model_validator
 
 from repro.errors import UniqueKeyLoader, UsageError, describe_validation_error, load_yaml, yaml_lines
 
@@ -192,6 +192,26 @@ class DesignSpec(_Model):
     """The difference in corruption rate whose power a "no detectable effect" verdict states."""
 
 
+class ResourcesSpec(_Model):
+    """What each run asks of the cluster under `--executor ray` (ignored by the local executor).
+
+    Names are Ray's: CPU, GPU, memory, or a custom resource a node was started with (`--resources`).
+    """
+
+    run: dict[str, NonNegativeFloat] = Field(default_factory=lambda: {"CPU": 1})
+    """Asked by every run."""
+    levels: dict[str, dict[str, dict[str, NonNegativeFloat]]] = Field(default_factory=dict)
+    """{factor: {level: {resource: amount}}}: added for the runs of cells at that level (pins cells to nodes)."""
+
+    def for_cell(self, cell: dict[str, str]) -> dict[str, float]:
+        """The resources one run of `cell` asks for: `run`, plus each of its levels' (summed)."""
+        asked = dict(self.run)
+        for factor, level in cell.items():
+            for name, amount in self.levels.get(factor, {}).get(level, {}).items():
+                asked[name] = asked.get(name, 0.0) + amount
+        return asked
+
+
 class MatrixSpec(_Model):
     name: str = Field(min_length=1)
     variables: dict[str, str | int | float] = Field(default_factory=dict)
@@ -202,6 +222,7 @@ class MatrixSpec(_Model):
     load: dict[str, Any] = Field(default_factory=dict)
     """The options of `repro run` (without base_url and out, which the matrix sets per cell)."""
     design: DesignSpec = Field(default_factory=DesignSpec)
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
 
     @field_validator("variables")
     @classmethod
@@ -245,6 +266,14 @@ class MatrixSpec(_Model):
                 unknown = sorted(set(level.processes or ()) - processes)
                 if unknown:
                     found.append(((*where, "processes"), f"no process named {unknown[0]!r}"))
+        for fname, levels in self.resources.levels.items():
+            where = ("resources", "levels", fname)
+            if fname not in self.factors:
+                found.append((where, f"no factor named {fname!r}"))
+                continue
+            unknown = sorted(set(levels) - set(self.factors[fname].levels))
+            if unknown:
+                found.append(((*where, unknown[0]), f"factor {fname!r} has no level {unknown[0]!r}"))
         found += self._design_problems()
         found += self._variable_problems()
         return found

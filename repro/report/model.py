@@ -188,6 +188,8 @@ class RunView:
     """What the run judged: parsed (runs from before raw mode too), raw or both."""
     effect: ParserEffect | None = None
     """How much damage the server's parser hid and made (raw and both modes)."""
+    node: str | None = None
+    """Where the load ran: the host, and the Ray node under the Ray executor (runs from before: None)."""
 
 
 @dataclass(frozen=True)
@@ -414,7 +416,15 @@ def run_view(run: Run, *, confidence: float = 0.95) -> RunView:
         notes=[metrics_note] if metrics_note else [],
         observe=observe,
         effect=effect,
+        node=_node_text(run.manifest.node),
     )
+
+
+def _node_text(node: dict[str, str] | None) -> str | None:
+    if not node:
+        return None
+    ray_node = node.get("ray_node_id")
+    return node.get("hostname", "unknown host") + (f" (Ray node {ray_node})" if ray_node else "")
 
 
 def comparisons(runs: Sequence[RunView]) -> list[ComparisonRow]:
