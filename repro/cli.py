@@ -154,6 +154,7 @@ def run_command(
     replay: str | None = typer.Option(
         None, "--replay", help="With a trace (.jsonl) workload: fast (default) or timing (keep the recorded gaps between turns)."
     ),
+    workers: int | None = typer.Option(None, "--workers", help="Shard the sessions across N local processes (default: 1)."),
     config: Path | None = typer.Option(None, "--config", help="YAML file of these options; the command line wins."),
 ) -> None:
     """Drive a deployment with concurrent agentic sessions and classify each as clean, corrupt, timeout or error."""
@@ -172,13 +173,16 @@ def matrix_command(
     keep_going: bool = typer.Option(False, "--keep-going", help="Go on after a cell fails to start or confirm (exit 3 at the end)."),
     var: list[str] = typer.Option([], "--var", help="Set a spec variable, NAME=VALUE (repeatable)."),
     cell_reports: bool = typer.Option(True, "--cell-reports/--no-cell-reports", help="Render each run's report.html."),
+    executor: str = typer.Option("local", "--executor", help="local: one run after another here; ray: each run a Ray task."),
+    ray_address: str | None = typer.Option(None, "--ray-address", help="Ray cluster to use (default: RAY_ADDRESS, else a local Ray)."),
 ) -> None:
     """Restart the deployment for every feature combination, run the same load on each, and name the cause."""
     from repro.matrix.runner import run_matrix
     from repro.matrix.spec import parse_assignments
 
     result = run_matrix(
-        spec, out=out, resume=resume, keep_going=keep_going, cell_reports=cell_reports, variables=parse_assignments(var)
+        spec, out=out, resume=resume, keep_going=keep_going, cell_reports=cell_reports, variables=parse_assignments(var),
+        executor=executor, ray_address=ray_address,
     )
     raise typer.Exit(result.exit_code)
 

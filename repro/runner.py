@@ -47,14 +47,16 @@ from repro.errors import (
 from repro.load import LoadProgress, run_load
 from repro.matrix.spec import STRING_OR_LIST
 from repro.metrics import MetricsScraper, metrics_url, server_root
+from repro.node import where
 from repro.observe import ObserveMode, RawEndpoint, thinking_of
 from repro.rawprobe import PROBE_TIMEOUT_S, ProbeRequest, ProbeResult, probe
 from repro.records import Manifest, OutcomeCounts, SessionRecord, Summary
 from repro.replay import ReplaySession
 from repro.session import Session, SessionConfig
+from repro.shards import run_sharded
 from repro.sim.launch import start_sim
 from repro.store import METRICS, REPORT, RunWriter, make_run_dir, new_run_dir, slug
-from repro.trace import Trace
+from repro.trace import Trace, is_trace
 from repro.transport import Endpoint, tls_context
 from repro.untrusted import NestingError, get_bounded, json_depth, parse_json
 from repro.workload import Workload, load_scenario
@@ -133,10 +135,11 @@ class RunOptions(BaseModel):
     """With `until_decided`: stop once an increase over this finished run, or its absence, is shown."""
     margin: float = Field(default=0.05, gt=0.0, lt=1.0)
     """Against a baseline: an increase shown to be under this passes."""
-    """The server parser emulated client-side over a raw-text endpoint's text."""
     replay: Literal["fast", "timing"] = "fast"
     """With a trace workload (.jsonl): send each recorded turn as soon as the last answer is in, or keep the
     recorded gaps between turns."""
+    workers: int = Field(default=1, ge=1, le=256)
+    """Worker processes the sessions are sharded across (repro.shards); 1: this process alone."""
 
     @field_validator("client_parser")
     @classmethod
@@ -214,6 +217,10 @@ class RunOptions(BaseModel):
             if self.concurrency is None or self.concurrency >= self.sessions:
                 raise ValueError("--until-decided needs --concurrency below --sessions: a wave is one concurrency's "
                                  "worth of sessions, and the rule looks after each")
+        if self.workers > 1 and self.until_decided:
+            raise ValueError("--workers runs the sessions in one wave; --until-decided looks between waves: use one")
+        if self.workers > 1 and is_trace(self.workload):
+            raise ValueError("--workers shards generated sessions; a trace (.jsonl) is replayed in one process")
         return self
 
     @classmethod
@@ -390,6 +397,8 @@ class _Driven:
     interrupted: bool
     lag: list[float]
     duration: float
+    worker_lag: list[list[float]]
+    """Per worker process with `--workers`: its own loop-lag samples (all are in `lag` too)."""
     looks: "list[Look] | None" = None
     """The stopping rule's looks, for a `--until-decided` run."""
 
@@ -432,6 +441,7 @@ async def _drive(
 
     interrupted = False
     lag: list[float] = []
+    worker_lag: list[list[float]] = []
     duration = 0.0
     async with (
         make_client(concurrency) as client,
@@ -448,11 +458,18 @@ async def _drive(
             def make_session(index: int, first: int = wave.start) -> Session:
                 return kind(first + index, config, client, keep_raw=keep_raw, origin=origin)
 
-            result = await run_load(
-                len(wave), concurrency, make_session, on_finish, ramp_up=options.ramp_up, progress=progress,
-                stop=disk_full,
-            )
+            if options.workers > 1:  # one wave: RunOptions refuses --workers with --until-decided
+                result = await run_sharded(
+                    min(options.workers, concurrency, len(wave)), len(wave), concurrency, config, on_finish, keep_raw,
+                    ramp_up=options.ramp_up, progress=progress, stop=disk_full,
+                )
+            else:
+                result = await run_load(
+                    len(wave), concurrency, make_session, on_finish, ramp_up=options.ramp_up, progress=progress,
+                    stop=disk_full,
+                )
             lag += result.loop_lag_s
+            worker_lag += result.worker_loop_lag_s
             duration += result.duration_s
             interrupted = result.interrupted
             if interrupted or rule is None:
@@ -466,7 +483,7 @@ async def _drive(
         if not interrupted:
             # The counters as the run ends, whatever the scrape interval left out.
             await scraper.scrape_once(origin)
-    return _Driven(records, interrupted, lag, duration, looks if rule is not None else None)
+    return _Driven(records, interrupted, lag, duration, worker_lag, looks if rule is not None else None)
 
 
 def _stopping_rule(options: RunOptions) -> "StoppingRule | BaselineRule | None":
@@ -552,6 +569,7 @@ def execute_run(
             server_info=target.server_info,
             observe=observed.manifest_entry(options.observe),
             versions=_versions(),
+            node=where(),
             started_at=_utc_now(),
         )
         try:
@@ -585,7 +603,8 @@ def _save(
     observe = manifest.observe or {}
     records, interrupted, lag, duration = driven.records, driven.interrupted, driven.lag, driven.duration
     summary = summarize(
-        records, loop_lag_s=lag, duration_s=duration, interrupted=interrupted, lost=writer.lost,
+        records, loop_lag_s=lag, worker_loop_lag_s=driven.worker_lag, duration_s=duration, interrupted=interrupted,
+        lost=writer.lost,
         stop_reason=None if full is None else f"the run stopped early: cannot write ({full.strerror or full})",
         observe=observe.get("mode"), raw_source=observe.get("raw_source"),
     )
