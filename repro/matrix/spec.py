@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema, field_validator, model_validator
+from pydantic import (
+    BaseModel, ConfigDict, Field, NonNegativeFloat, ValidationError, WithJsonSchema, field_validator, model_validator,
+)
 
 from repro.errors import UniqueKeyLoader, UsageError, describe_validation_error, load_yaml, yaml_lines
 
@@ -219,6 +221,26 @@ class DesignSpec(_Model):
     """The difference in corruption rate whose power a "no detectable effect" verdict states."""
 
 
+class ResourcesSpec(_Model):
+    """What each run asks of the cluster under `--executor ray` (ignored by the local executor).
+
+    Names are Ray's: CPU, GPU, memory, or a custom resource a node was started with (`--resources`).
+    """
+
+    run: dict[str, NonNegativeFloat] = Field(default_factory=lambda: {"CPU": 1})
+    """Asked by every run."""
+    levels: dict[str, dict[str, dict[str, NonNegativeFloat]]] = Field(default_factory=dict)
+    """{factor: {level: {resource: amount}}}: added for the runs of cells at that level (pins cells to nodes)."""
+
+    def for_cell(self, cell: dict[str, str]) -> dict[str, float]:
+        """The resources one run of `cell` asks for: `run`, plus each of its levels' (summed)."""
+        asked = dict(self.run)
+        for factor, level in cell.items():
+            for name, amount in self.levels.get(factor, {}).get(level, {}).items():
+                asked[name] = asked.get(name, 0.0) + amount
+        return asked
+
+
 class MatrixSpec(_Model):
     name: str = Field(min_length=1)
     """Names the matrix directory and the report."""
@@ -234,6 +256,8 @@ class MatrixSpec(_Model):
     """The options of `repro run` (without base_url and out, which the matrix sets per cell)."""
     design: DesignSpec = Field(default_factory=DesignSpec)
     """Which cells run, how often, in what order, and how the analysis decides."""
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
+    """What each run asks of a Ray cluster (`--executor ray`); the local executor ignores it."""
 
     @field_validator("variables")
     @classmethod
@@ -277,6 +301,14 @@ class MatrixSpec(_Model):
                 unknown = sorted(set(level.processes or ()) - processes)
                 if unknown:
                     found.append(((*where, "processes"), f"no process named {unknown[0]!r}"))
+        for fname, levels in self.resources.levels.items():
+            where = ("resources", "levels", fname)
+            if fname not in self.factors:
+                found.append((where, f"no factor named {fname!r}"))
+                continue
+            unknown = sorted(set(levels) - set(self.factors[fname].levels))
+            if unknown:
+                found.append(((*where, unknown[0]), f"factor {fname!r} has no level {unknown[0]!r}"))
         found += self._design_problems()
         found += self._variable_problems()
         return found
