@@ -531,7 +531,6 @@ def execute_run(
     loaded = load_scenario(options.workload, replay=options.replay)
     headers = _headers(options)
     secrets = [value.removeprefix("Bearer ") for value in headers.values()]
-    name = options.name or loaded.workload.name
     rule = _stopping_rule(options)  # before anything is made: a bad --baseline is a usage error
     name = options.name or loaded.name
     run_dir, created = _run_dir(options, name)  # made now: before a simulator starts or a target is asked anything
