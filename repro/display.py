@@ -136,6 +136,7 @@ def final_view(summary: Summary, run_dir: Path) -> Group:
     rows: list[tuple[str, Percentiles]] = list(summary.latency.items())
     if summary.loop_lag is not None:
         rows.append(("client loop lag", summary.loop_lag))
+    rows += [(f"worker {index} loop lag", p) for index, p in enumerate(summary.worker_loop_lag)]
     for name, p in rows:
         latency.add_row(name, str(p.count), _seconds(p.p50), _seconds(p.p90), _seconds(p.p99), _seconds(p.max))
     footer = Text.assemble(

@@ -1,7 +1,7 @@
 """`repro gate`: pass, fail or inconclusive for one run against a tolerated corruption rate (and a baseline).
 
 Pure evaluation over loaded runs; the CLI prints the lines and exits with the code. Exit codes follow
-design.md: 0 passed, 1 failed (the rate is shown to exceed the limit or the baseline), 125 inconclusive
+docs/troubleshooting.md: 0 passed, 1 failed (the rate is shown to exceed the limit or the baseline), 125 inconclusive
 (so `git bisect run` skips), 2 bad input (a UsageError before any check). A run that did not finish
 (no summary, interrupted, fewer sessions recorded than planned) or whose records are damaged is
 inconclusive, never a pass: its evidence is partial or unusable. A `repro run --until-decided` run that

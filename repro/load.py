@@ -62,6 +62,8 @@ class LoadResult:
     interrupted: bool
     loop_lag_s: list[float]
     duration_s: float
+    worker_loop_lag_s: list[list[float]] = field(default_factory=list)
+    """Per worker process with `--workers`: its own loop-lag samples (all of them are in `loop_lag_s` too)."""
 
 
 class LagSampler:

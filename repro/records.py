@@ -1,6 +1,6 @@
 """Records of the run directory: what `repro run` writes and what report, gate and matrix read.
 
-These models are the contract of design.md ("Run directory", "Outcomes"). Field names are part of
+These models are the contract of docs/run-directory.md and docs/concepts.md (outcomes). Field names are part of
 the on-disk format that other tools read: add fields freely, never rename or remove one.
 
 Stored text is UTF-8: a lone surrogate (JSON may escape one, `"\ud800"`, and non-UTF-8 argv
@@ -82,7 +82,7 @@ class OutcomeCounts:
 
 class _Record(BaseModel):
     # Readers must accept files written by newer versions that added fields.
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", use_attribute_docstrings=True)
 
     # Serialising a lone surrogate to JSON raises, which would lose the record (and the run): scrub what
     # comes in (dict keys of free-form fields included), and what was assigned after construction.
@@ -346,6 +346,8 @@ class Summary(_Record):
     """Keys: ttft_s, e2e_s, queue_s, max_gap_s, session_s."""
     loop_lag: Percentiles | None = None
     """Event-loop lag of the client, sampled during the run: high values mean the client distorted timings."""
+    worker_loop_lag: list[Percentiles] = Field(default_factory=list)
+    """With `--workers`: each worker process's loop lag (`loop_lag` pools them)."""
     duration_s: float = 0.0
     interrupted: bool = False
     gate: dict[str, Any] | None = None
@@ -373,6 +375,8 @@ class Manifest(_Record):
     observe: dict[str, Any] | None = None
     """The observe mode requested and run, the raw source, what the capability probe found, and warnings."""
     versions: dict[str, str] = Field(default_factory=dict)
+    node: dict[str, str] | None = None
+    """Where the load ran (repro.node): hostname, and ray_node_id under the Ray executor."""
     started_at: str
     """ISO 8601, UTC."""
     ended_at: str | None = None

@@ -19,13 +19,13 @@ import sys
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Annotated, Any, Iterator, Literal
 from urllib.parse import urlsplit
 
 import anyio
 import httptools
 import httpx
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema, field_validator, model_validator
 from rich.console import Console
 
 from dsml_checker.server_parsers import DEFAULT_PARSER, PARSERS
@@ -45,16 +45,21 @@ from repro.errors import (
     saving,
 )
 from repro.load import LoadProgress, run_load
+from repro.matrix.spec import STRING_OR_LIST
 from repro.metrics import MetricsScraper, metrics_url, server_root
+from repro.node import where
 from repro.observe import ObserveMode, RawEndpoint, thinking_of
 from repro.rawprobe import PROBE_TIMEOUT_S, ProbeRequest, ProbeResult, probe
 from repro.records import Manifest, OutcomeCounts, SessionRecord, Summary
+from repro.replay import ReplaySession
 from repro.session import Session, SessionConfig
+from repro.shards import run_sharded
 from repro.sim.launch import start_sim
 from repro.store import METRICS, REPORT, RunWriter, make_run_dir, new_run_dir, slug
+from repro.trace import Trace, is_trace
 from repro.transport import Endpoint, tls_context
 from repro.untrusted import NestingError, get_bounded, json_depth, parse_json
-from repro.workload import Workload, load_workload
+from repro.workload import Workload, load_scenario
 
 if TYPE_CHECKING:
     from repro.stopping import BaselineRule, Look, StoppingRule
@@ -67,42 +72,59 @@ TARGET_CHECK_BYTES = 16 * 1024 * 1024
 MAX_RAMP_UP_S = 86_400.0
 """A day: a longer ramp-up is a typo (1e12), and would wait without end for sessions never started."""
 MAX_EXTRA_BODY_DEPTH = 64
+DEFAULT_TURNS = 12
+MAX_REPLAY_TURNS = 1_000_000
+"""A trace replays every recorded turn unless --turns says fewer."""
 
 
 class RunOptions(BaseModel):
     """One field per `repro run` option; the defaults are the CLI's."""
 
     # NaN and infinity are never useful here: `--ramp-up inf` would wait forever.
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
 
     base_url: str | None = None
+    """OpenAI base URL of the target (…/v1); none: the embedded simulator."""
     model: str | None = None
+    """Model name; none: the first of /v1/models."""
     api_key_env: str | None = None
+    """Name of the environment variable holding the API key (sent as a bearer token, never written)."""
     sessions: int = Field(default=60, ge=1, le=100_000)
+    """Number of sessions."""
     concurrency: int | None = Field(default=None, ge=1, le=100_000)
-    """None: all sessions at once."""
+    """Sessions at once; none: all sessions at once."""
     ramp_up: float = Field(default=0.0, ge=0.0, le=MAX_RAMP_UP_S)
-    turns: int = Field(default=12, ge=1, le=1_000)
+    """Spread the session starts over this many seconds."""
+    turns: int | None = Field(default=None, ge=1, le=1_000)
+    """Most turns per session; none: 12 for a workload, every recorded turn of a trace's conversations."""
     timeout: float = Field(default=180.0, gt=0.0)
+    """Whole-session budget, seconds: a session still going then is a timeout."""
     turn_timeout: float = Field(default=120.0, gt=0.0)
+    """One request's budget, seconds."""
     stall_timeout: float = Field(default=30.0, gt=0.0)
+    """A stream silent this many seconds is wedged: the turn ends as a timeout."""
     max_turn_bytes: int = Field(default=MAX_TURN_BYTES, ge=1024)
     """Cap on one response's bytes: a longer one is cut there and the turn is an error."""
     workload: Path | None = None
-    """None: the packaged experiments/agentic_coding.yaml."""
+    """Workload YAML, or a trace (.jsonl) to replay; none: the packaged experiments/agentic_coding.yaml."""
     seed: int = 0
+    """Seed of the session tasks."""
     name: str | None = None
-    """None: the workload's name."""
+    """Run name; none: the workload's name."""
     out: Path | None = None
+    """Run directory; none: reports/<timestamp>-<name>/."""
     stream: bool = True
+    """Stream responses (server-sent events)."""
     extra_body: dict[str, Any] = Field(default_factory=dict)
-    sim_args: list[str] = Field(default_factory=list)
+    """JSON object merged into every request (e.g. `{"chat_template_kwargs": {"thinking": true}}`)."""
+    sim_args: Annotated[list[str], WithJsonSchema(STRING_OR_LIST)] = Field(default_factory=list)
+    """More flags for the embedded simulator (a string is split like a shell)."""
     max_corruption_rate: float | None = Field(default=None, ge=0.0, lt=1.0)
-    """Gate the run at its end (repro.gate): the exit code says pass, fail or inconclusive."""
+    """Gate the run at its end: exit 0 when the rate is shown below this, 1 above, 125 inconclusive."""
     observe: ObserveMode | None = None
-    """Judge the parsed message, the raw generated text, or both; None: both where the target shows raw text."""
+    """Judge the parsed message, the raw generated text, or both; none: both where the target shows raw text."""
     raw_endpoint: RawEndpoint | None = None
-    """Take raw text from this endpoint instead of chat logprobs; None: logprobs when they cover tool calls."""
+    """Take raw text from this endpoint instead of chat logprobs; none: logprobs when they cover tool calls."""
     client_parser: str = DEFAULT_PARSER
     """The server parser emulated client-side over a raw-text endpoint's text (repro.observe)."""
     until_decided: bool = False
@@ -113,6 +135,11 @@ class RunOptions(BaseModel):
     """With `until_decided`: stop once an increase over this finished run, or its absence, is shown."""
     margin: float = Field(default=0.05, gt=0.0, lt=1.0)
     """Against a baseline: an increase shown to be under this passes."""
+    replay: Literal["fast", "timing"] = "fast"
+    """With a trace workload (.jsonl): send each recorded turn as soon as the last answer is in, or keep the
+    recorded gaps between turns."""
+    workers: int = Field(default=1, ge=1, le=256)
+    """Worker processes the sessions are sharded across (repro.shards); 1: this process alone."""
 
     @field_validator("client_parser")
     @classmethod
@@ -190,6 +217,10 @@ class RunOptions(BaseModel):
             if self.concurrency is None or self.concurrency >= self.sessions:
                 raise ValueError("--until-decided needs --concurrency below --sessions: a wave is one concurrency's "
                                  "worth of sessions, and the rule looks after each")
+        if self.workers > 1 and self.until_decided:
+            raise ValueError("--workers runs the sessions in one wave; --until-decided looks between waves: use one")
+        if self.workers > 1 and is_trace(self.workload):
+            raise ValueError("--workers shards generated sessions; a trace (.jsonl) is replayed in one process")
         return self
 
     @classmethod
@@ -366,6 +397,8 @@ class _Driven:
     interrupted: bool
     lag: list[float]
     duration: float
+    worker_lag: list[list[float]]
+    """Per worker process with `--workers`: its own loop-lag samples (all are in `lag` too)."""
     looks: "list[Look] | None" = None
     """The stopping rule's looks, for a `--until-decided` run."""
 
@@ -408,6 +441,7 @@ async def _drive(
 
     interrupted = False
     lag: list[float] = []
+    worker_lag: list[list[float]] = []
     duration = 0.0
     async with (
         make_client(concurrency) as client,
@@ -418,16 +452,24 @@ async def _drive(
         group.start_soon(scraper.run, origin)
         group.start_soon(show_progress, progress, console, live)
 
+        kind = ReplaySession if isinstance(config.workload, Trace) else Session
         for wave in _waves(options):
 
             def make_session(index: int, first: int = wave.start) -> Session:
-                return Session(first + index, config, client, keep_raw=keep_raw, origin=origin)
+                return kind(first + index, config, client, keep_raw=keep_raw, origin=origin)
 
-            result = await run_load(
-                len(wave), concurrency, make_session, on_finish, ramp_up=options.ramp_up, progress=progress,
-                stop=disk_full,
-            )
+            if options.workers > 1:  # one wave: RunOptions refuses --workers with --until-decided
+                result = await run_sharded(
+                    min(options.workers, concurrency, len(wave)), len(wave), concurrency, config, on_finish, keep_raw,
+                    ramp_up=options.ramp_up, progress=progress, stop=disk_full,
+                )
+            else:
+                result = await run_load(
+                    len(wave), concurrency, make_session, on_finish, ramp_up=options.ramp_up, progress=progress,
+                    stop=disk_full,
+                )
             lag += result.loop_lag_s
+            worker_lag += result.worker_loop_lag_s
             duration += result.duration_s
             interrupted = result.interrupted
             if interrupted or rule is None:
@@ -441,7 +483,7 @@ async def _drive(
         if not interrupted:
             # The counters as the run ends, whatever the scrape interval left out.
             await scraper.scrape_once(origin)
-    return _Driven(records, interrupted, lag, duration, looks if rule is not None else None)
+    return _Driven(records, interrupted, lag, duration, worker_lag, looks if rule is not None else None)
 
 
 def _stopping_rule(options: RunOptions) -> "StoppingRule | BaselineRule | None":
@@ -486,11 +528,11 @@ def execute_run(
     `report=False` skips `report.html` (a caller that renders reports itself, such as the matrix).
     """
     console = console or Console()
-    loaded = load_workload(options.workload)
+    loaded = load_scenario(options.workload, replay=options.replay)
     headers = _headers(options)
     secrets = [value.removeprefix("Bearer ") for value in headers.values()]
-    name = options.name or loaded.workload.name
     rule = _stopping_rule(options)  # before anything is made: a bad --baseline is a usage error
+    name = options.name or loaded.name
     run_dir, created = _run_dir(options, name)  # made now: before a simulator starts or a target is asked anything
     ensure_open_files(options.concurrency or options.sessions)
     with contextlib.ExitStack() as stack:
@@ -506,7 +548,7 @@ def execute_run(
             target = resolve_target(base_url, options.model, headers, embedded=False, sim_args=[])
             writer = start.writer = RunWriter(run_dir, secrets=secrets)
             stack.callback(writer.close)
-        config = _session_config(options, target, loaded.workload, headers)
+        config = _session_config(options, target, loaded.scenario, headers)
         observed = _observe(options, config, base_url, headers)
         config = dataclasses.replace(config, observe=observed.plan)
         for warning in observed.warnings:
@@ -526,6 +568,7 @@ def execute_run(
             server_info=target.server_info,
             observe=observed.manifest_entry(options.observe),
             versions=_versions(),
+            node=where(),
             started_at=_utc_now(),
         )
         try:
@@ -559,7 +602,8 @@ def _save(
     observe = manifest.observe or {}
     records, interrupted, lag, duration = driven.records, driven.interrupted, driven.lag, driven.duration
     summary = summarize(
-        records, loop_lag_s=lag, duration_s=duration, interrupted=interrupted, lost=writer.lost,
+        records, loop_lag_s=lag, worker_loop_lag_s=driven.worker_lag, duration_s=duration, interrupted=interrupted,
+        lost=writer.lost,
         stop_reason=None if full is None else f"the run stopped early: cannot write ({full.strerror or full})",
         observe=observe.get("mode"), raw_source=observe.get("raw_source"),
     )
@@ -600,14 +644,14 @@ def _save(
     return RunResult(path=run_dir, summary=summary, exit_code=exit_code)
 
 
-def _session_config(options: RunOptions, target: Target, workload: Workload, headers: dict[str, str]) -> SessionConfig:
+def _session_config(options: RunOptions, target: Target, workload: Workload | Trace, headers: dict[str, str]) -> SessionConfig:
     return SessionConfig(
         url=f"{target.base_url}/chat/completions",
         model=target.model,
         workload=workload,
         seed=options.seed,
         stream=options.stream,
-        turns=options.turns,
+        turns=options.turns or (MAX_REPLAY_TURNS if isinstance(workload, Trace) else DEFAULT_TURNS),
         timeout=options.timeout,
         turn_timeout=options.turn_timeout,
         stall_timeout=options.stall_timeout,

@@ -144,8 +144,10 @@ def run_main(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, 
     return code, out, err
 
 
-def run(out: Path, **options: Any) -> tuple[RunResult, str]:
-    """A run in this process, its table captured: the result and what it printed."""
+def run(out: Path, *, report: bool = True, **options: Any) -> tuple[RunResult, str]:
+    """A run in this process, its table captured: the result and what it printed (`report=False`: no report.html)."""
     screen = io.StringIO()
-    result = execute_run(RunOptions.parse({"out": out, **options}), console=Console(file=screen, width=150), live=False)
+    result = execute_run(
+        RunOptions.parse({"out": out, **options}), console=Console(file=screen, width=150), live=False, report=report
+    )
     return result, screen.getvalue()

@@ -190,6 +190,8 @@ class RunView:
     """How much damage the server's parser hid and made (raw and both modes)."""
     stopping: StoppingRecord | None = None
     """How a `--until-decided` run stopped."""
+    node: str | None = None
+    """Where the load ran: the host, and the Ray node under the Ray executor (runs from before: None)."""
 
 
 @dataclass(frozen=True)
@@ -417,7 +419,15 @@ def run_view(run: Run, *, confidence: float = 0.95) -> RunView:
         observe=observe,
         effect=effect,
         stopping=run.summary.stopping if run.summary is not None else None,
+        node=_node_text(run.manifest.node),
     )
+
+
+def _node_text(node: dict[str, str] | None) -> str | None:
+    if not node:
+        return None
+    ray_node = node.get("ray_node_id")
+    return node.get("hostname", "unknown host") + (f" (Ray node {ray_node})" if ray_node else "")
 
 
 def comparisons(runs: Sequence[RunView]) -> list[ComparisonRow]:
