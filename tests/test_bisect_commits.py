@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from repro.bisect.gitrepo import commit_range
+from repro.bisect.matrixdeploy import commit_launch, load_deployment
 from repro.bisect.simrepo import BUILD, DEPLOY, build_repo
 from repro.errors import UsageError
 from proc_helpers import group_gone
@@ -139,3 +140,37 @@ def test_git_bisect_run_reads_repro_probe_and_ctrl_c_leaves_nothing(tmp_path: Pa
             os.killpg(running.pid, signal.SIGKILL)
             running.wait(timeout=30)
     assert group_gone(pgid, timeout=1)
+
+
+SPEC = """\
+name: sim-versions
+variables: {port: auto, rev: "", src: ""}
+factors:
+  hicache:
+    levels:
+      off: {flags: --no-enable-hierarchical-cache, confirm: {enable_hierarchical_cache: false}}
+      on: {flags: --enable-hierarchical-cache, confirm: {enable_hierarchical_cache: true}}
+deployment:
+  command: bash -c 'REV=${rev} ${python} -m repro.sim serve --port ${port} $(cat ${src}/sim.flags) ${flags}'
+  port: ${port}
+load: {sessions: 16, turns: 14}
+"""
+
+
+def test_matrix_deployment_resolves_a_cell_per_commit(tmp_path: Path) -> None:
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text(SPEC)
+    spec, cell = load_deployment(spec_file, "hicache=on")
+    assert cell.as_dict() == {"hicache": "on"}
+    plan = commit_launch(spec, cell, rev="abc123", src=tmp_path / "src", log_dir=tmp_path / "logs")
+    (process,) = plan.processes
+    assert process.argv is not None and process.argv[:2] == ["bash", "-c"]
+    assert process.argv[2].startswith("REV=abc123 ")
+    assert process.argv[2].endswith(f"$(cat {tmp_path / 'src'}/sim.flags) --enable-hierarchical-cache")
+    assert process.expect == {"enable_hierarchical_cache": True}
+    assert load_deployment(spec_file, None)[1].as_dict() == {"hicache": "off"}
+    with pytest.raises(UsageError, match="FACTOR=LEVEL"):
+        load_deployment(spec_file, "hicache=maybe")
+    spec_file.write_text(SPEC.replace(', src: ""', "").replace("${src}", "/x"))
+    with pytest.raises(UsageError, match="declare the variable 'src'"):
+        load_deployment(spec_file, None)
