@@ -48,8 +48,9 @@ def probe_settings(
                                                      "max_corruption_rate"}, exclude_defaults=True)
     if options.base_url is not None or options.sim_args:
         raise UsageError("--config: base_url and sim_args are the bisection's to choose; remove them")
-    return ProbeSettings(load=kept, round_sessions=sessions, max_rounds=max_rounds, mode=mode, alpha=alpha,  # type: ignore[arg-type]
-                         beta=beta, good_rate=good_rate, min_bad_rate=min_bad_rate, seed=seed)
+    return ProbeSettings(load=kept, round_sessions=sessions, max_rounds=max_rounds,
+                         mode=mode,  # type: ignore[arg-type]
+                         alpha=alpha, beta=beta, good_rate=good_rate, min_bad_rate=min_bad_rate, seed=seed)
 
 
 def default_out(kind: str) -> Path:
@@ -177,7 +178,8 @@ def commits_command(
     settings = probe_settings(config=config, load=load, sessions=sessions, max_rounds=max_rounds, mode=probe,
                               alpha=alpha, beta=beta, good_rate=good_rate, min_bad_rate=min_bad_rate, seed=seed)
     result = bisect_commits(repo, good, bad, deploy=deploy, matrix=matrix, settings=settings,
-                            out=out or default_out("commits"), build=build, resume=resume, confidence=confidence, max_probes=max_probes,
+                            out=out or default_out("commits"), build=build, resume=resume, confidence=confidence,
+                            max_probes=max_probes,
                             max_sessions=max_sessions, build_timeout=build_timeout, ready_timeout=ready_timeout)
     raise typer.Exit(result.exit_code)
 

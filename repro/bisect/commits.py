@@ -78,9 +78,7 @@ def decide(
     post = posterior(commits, _observations(records), model)
     bad_end = [r for r in records if r.index == commits - 1]
     if not bad_end:
-        plan = ProbePlan("fixed", settings.round_sessions, 2 * settings.round_sessions,
-                         max(0.5, settings.min_bad_rate), settings.good_rate, settings.alpha, settings.beta)
-        return Next(commits - 1, plan, "the bad end: it must corrupt, and its rate starts the model")
+        return Next(commits - 1, settings.bad_end_plan(), "the bad end: it must corrupt, and its rate starts the model")
     if all(r.verdict == "inconclusive" for r in bad_end):
         return Ended(None, post)
     plan = settings.plan(post.bad_rate, commits)

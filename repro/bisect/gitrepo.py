@@ -116,7 +116,8 @@ def prepare(
             proc.stop()
         if proc.returncode != 0:
             tail = one_line(proc.log_tail(3))
-            return ProbeResult("inconclusive", message=f"build exited with code {proc.returncode}" + (f": {tail}" if tail else ""))
+            why = f"build exited with code {proc.returncode}" + (f": {tail}" if tail else "")
+            return ProbeResult("inconclusive", message=why)
     if callable(deploy):
         return deploy()
     port = free_port()

@@ -94,7 +94,9 @@ def _check(commits: int, observations: Sequence[Observation]) -> None:
         if not 0 <= obs.index < commits:
             raise UsageError(f"probe of commit {obs.index} is outside the range 0..{commits - 1}")
         if not 0 <= obs.corrupt <= obs.completed:
-            raise UsageError(f"probe of commit {obs.index}: need 0 <= corrupt <= completed, got {obs.corrupt}/{obs.completed}")
+            raise UsageError(
+                f"probe of commit {obs.index}: need 0 <= corrupt <= completed, got {obs.corrupt}/{obs.completed}"
+            )
 
 
 def posterior(commits: int, observations: Sequence[Observation], model: Model = Model()) -> Posterior:
@@ -241,7 +243,8 @@ class ProbePlan:
 
 
 def fixed_sessions(bad_rate: float, commits: int, delta: float, cap: int) -> int:
-    """Sessions of a fixed probe: the bisection size of statistics.md, capped."""
+    """Sessions of a fixed probe, capped: `bisect_probe_sessions`, with which a bad commit passes every
+    probe of the search with chance at most delta."""
     return min(cap, bisect_probe_sessions(bad_rate, max(commits, 2), delta))
 
 
@@ -250,8 +253,8 @@ def judge_probe(plan: ProbePlan, corrupt: int, completed: int, unfinished: int) 
 
     `unfinished` counts timed-out and failed sessions: they prove nothing, and when they exceed
     `max_timeout_share` of the sessions the probe is inconclusive (never "good"). Sequential: Wald's
-    SPRT of the good rate against the bad rate, "undecided" at the cap (its counts still count). Fixed: bad at any corruption, good once the planned
-    sessions completed clean.
+    SPRT of the good rate against the bad rate, "undecided" at the cap (its counts still count).
+    Fixed: bad at any corruption, good once the planned sessions completed clean.
     """
     total = completed + unfinished
     if total and unfinished > plan.max_timeout_share * total:
