@@ -1,7 +1,8 @@
 """A minimal, fast OpenAI-style streaming server for client benchmarks: raw asyncio, pre-encoded chunks.
 
-Every completion waits `--ttft` seconds (the prefill), streams `--chunks` content chunks `--interval`
-seconds apart, then one tool call
+Every completion waits `--ttft` seconds (the prefill), sends its first content chunk then, and the
+rest of its `--chunks` content chunks `--interval` seconds apart (so the time to first token is
+`--ttft`, and the client's TTFT overhead can be read off directly), then one tool call
 (`read_file`) and finish_reason `tool_calls`; once the request already holds `--final-after`
 assistant messages it answers with content only (finish_reason `stop`). A request with
 `"logprobs":true` gets each chunk's token strings and bytes in `logprobs.content` (about 4 characters a
@@ -128,8 +129,8 @@ class Connection(asyncio.Protocol):
         if plan.ttft:
             await asyncio.sleep(plan.ttft)
         transport.write(STREAM_HEAD + plan.head)
-        for part in plan.lp_body if logprobs else plan.body:
-            if plan.interval:
+        for index, part in enumerate(plan.lp_body if logprobs else plan.body):
+            if plan.interval and index:
                 await asyncio.sleep(plan.interval)
             if transport.is_closing():
                 return

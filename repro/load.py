@@ -39,6 +39,8 @@ class LoadProgress:
     turns: int = 0
     outcomes: Counter[str] = field(default_factory=Counter)
     wedged: int = 0
+    stopping: str = ""
+    """The stopping rule's last look, for a `--until-decided` run."""
     t0: float = field(default_factory=time.perf_counter)
 
     @property
@@ -60,6 +62,8 @@ class LoadResult:
     interrupted: bool
     loop_lag_s: list[float]
     duration_s: float
+    worker_loop_lag_s: list[list[float]] = field(default_factory=list)
+    """Per worker process with `--workers`: its own loop-lag samples (all of them are in `loop_lag_s` too)."""
 
 
 class LagSampler:

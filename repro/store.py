@@ -1,6 +1,6 @@
 """The run directory on disk: create it, append sessions as they end, keep raw bytes, read it back.
 
-Layout (design.md): manifest.json, sessions.jsonl, summary.json, raw/, metrics.csv, report.html.
+Layout (docs/run-directory.md): manifest.json, sessions.jsonl, summary.json, raw/, metrics.csv, report.html.
 Writers flush and fsync each session line so a crash (even SIGKILL) loses nothing that finished;
 JSON files are replaced atomically so a reader never sees half a file. When the disk fills up, a
 write that fails is undone (no torn line, no half raw file), and the space kept in reserve since
@@ -131,6 +131,11 @@ def new_run_dir(parent: Path, stem: str) -> Path:
             raise _cannot(path, err, "create the run directory") from None
 
 
+def raw_name(session_id: int, turn: int, suffix: str = "sse") -> str:
+    """Where a kept response goes, relative to the run directory (also named by `--workers` processes)."""
+    return f"{RAW}/s{session_id:04d}-t{turn:02d}.{suffix}"
+
+
 class RunWriter:
     """Writes one run directory. Not thread-safe: use it from one event loop.
 
@@ -202,7 +207,7 @@ class RunWriter:
     def write_raw(self, session_id: int, turn: int, data: bytes, *, suffix: str = "sse") -> str | None:
         """Keep a turn's exact response bytes; returns the path relative to the run directory, or None
         when they could not be written (the disk is full: the run is being stopped)."""
-        rel = f"{RAW}/s{session_id:04d}-t{turn:02d}.{suffix}"
+        rel = raw_name(session_id, turn, suffix)
         target = self.path / rel
         try:
             with open(target, "wb") as fh:

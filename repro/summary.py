@@ -40,6 +40,7 @@ def summarize(
     sessions: Sequence[SessionRecord],
     *,
     loop_lag_s: Sequence[float] = (),
+    worker_loop_lag_s: Sequence[Sequence[float]] = (),
     duration_s: float = 0.0,
     interrupted: bool = False,
     stop_reason: str | None = None,  # why an interrupted run stopped, when no signal stopped it (a full disk)
@@ -83,6 +84,7 @@ def summarize(
             "session_s": percentiles(s.end_s - s.start_s for s in sessions),
         },
         loop_lag=percentiles(loop_lag_s) if loop_lag_s else None,
+        worker_loop_lag=[percentiles(samples) for samples in worker_loop_lag_s],
         duration_s=duration_s,
         interrupted=interrupted,
         observe=observe,

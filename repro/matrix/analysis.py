@@ -36,7 +36,7 @@ Verdict = Literal["causes", "widens", "reduces", "no detectable effect", "inconc
 class CellRun(BaseModel):
     """One launch of one cell: a line of progress.jsonl, appended when the run ends."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", use_attribute_docstrings=True)
 
     key: str
     cell: dict[str, str]
@@ -54,6 +54,8 @@ class CellRun(BaseModel):
     """What the report should say about this run: port holders that could not be verified, capped logs."""
     launch: dict[str, Any] = Field(default_factory=dict)
     duration_s: float = 0.0
+    node: dict[str, str] | None = None
+    """Where the run ran (repro.node): hostname, and ray_node_id under the Ray executor."""
 
 
 Outcome = Literal["corruption", "timeout", "wedge"]

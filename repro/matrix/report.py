@@ -131,6 +131,11 @@ alpha {{ a.alpha }}, {{ a.correction }}-adjusted. Baseline:
 <p>Excluded from the analysis: they did not measure the configuration asked for, or not to the end.
 <code>--resume</code> reruns them.</p>
 <ul>{% for r in failed %}<li>{{ r.key }}: {{ r.message }}</li>{% endfor %}</ul>{% endif %}
+{% if placed %}<h2>Where runs ran</h2>
+<p>A fault seen on one machine only is the machine's, not a feature's.</p>
+<table><tr><th class="l">run</th><th class="l">status</th><th class="l">host</th><th class="l">Ray node</th></tr>
+{% for r in placed %}<tr><td class="l">{{ r.key }}</td><td class="l">{{ r.status }}</td><td class="l">{{ r.node.hostname }}</td>
+<td class="l">{{ r.node.get("ray_node_id") or "—" }}</td></tr>{% endfor %}</table>{% endif %}
 {% if noted %}<h2>Notes on runs</h2><ul>{% for r in noted %}{% for note in r.notes %}
 <li>{{ r.key }}: {{ note }}</li>{% endfor %}{% endfor %}</ul>{% endif %}
 </body></html>
@@ -153,6 +158,7 @@ def render_html(analysis: MatrixAnalysis, factors: list[str], runs: list[CellRun
         ],
         failed=[r for r in runs if r.status == "failed"],
         noted=[r for r in runs if getattr(r, "notes", None)],
+        placed=sorted((r for r in runs if r.node), key=lambda r: r.order),
         run_report=RUN_REPORT,
         rate=_rate,
         diff=_diff,

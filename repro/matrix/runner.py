@@ -12,6 +12,7 @@ unfinished run directories aside and reruns them; SIGKILL therefore loses no fin
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -20,6 +21,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Iterator, Literal
 
 from rich.console import Console
 from rich.table import Table
@@ -38,8 +40,10 @@ from repro.errors import (
 from repro.matrix.analysis import CellRun, MatrixAnalysis, analyse, cell_counts
 from repro.matrix.deploy import CellDeployment, describe, resolve, stop_stale
 from repro.matrix.design import Cell, PlannedRun, cells, plan
+from repro.matrix.plan import Plan, PlannedEntry
 from repro.matrix.report import write_reports
 from repro.matrix.spec import MatrixSpec, load_spec
+from repro.node import where
 from repro.records import Summary
 from repro.store import SUMMARY, dump_json, slug
 
@@ -49,6 +53,8 @@ PROGRESS = "progress.jsonl"
 MATRIX_JSON = "matrix.json"
 CELLS = "cells"
 LOGS = "logs"
+Executor = Literal["local", "ray"]
+EXECUTORS = ("local", "ray")
 
 
 @dataclass(frozen=True)
@@ -66,7 +72,8 @@ def default_dir(spec: MatrixSpec, root: Path = Path("reports")) -> Path:
 
 
 def _fingerprint(spec: MatrixSpec) -> str:
-    return hashlib.sha256(spec.model_dump_json().encode()).hexdigest()
+    # Where runs are placed does not change what they measure: a matrix may resume on other nodes.
+    return hashlib.sha256(spec.model_dump_json(exclude={"resources"}).encode()).hexdigest()
 
 
 def _finished_summary(run_dir: Path) -> Summary | None:
@@ -102,7 +109,7 @@ def _append_progress(path: Path, record: CellRun) -> None:
 
 
 def _record_from_summary(run: PlannedRun, summary: Summary, rel: str, previous: CellRun | None) -> CellRun:
-    extra = previous.model_dump(include={"server_info", "notes", "launch", "duration_s"}) if previous else {}
+    extra = previous.model_dump(include={"server_info", "notes", "launch", "duration_s", "node"}) if previous else {}
     return CellRun(
         key=run.key,
         cell=run.cell.as_dict(),
@@ -137,6 +144,8 @@ class MatrixRunner:
         keep_going: bool = False,
         cell_reports: bool = True,
         console: Console | None = None,
+        executor: Executor = "local",
+        ray_address: str | None = None,
     ) -> None:
         problems = spec.problems()
         if problems:
@@ -146,6 +155,8 @@ class MatrixRunner:
         self.path = Path(path)
         self.keep_going = keep_going
         self.cell_reports = cell_reports
+        self.executor = executor
+        self.ray_address = ray_address
         self.console = console or Console(stderr=True, highlight=False)
         self.runs = plan(spec)
         self.cell_order = [c.as_dict() for c in cells(spec)]
@@ -174,18 +185,9 @@ class MatrixRunner:
             raise UsageError(f"--out {self.path}: exists and is not empty; choose a new path or pass --resume")
         (self.path / CELLS).mkdir(parents=True, exist_ok=True)
         (self.path / SPEC_COPY).write_text(spec_text, encoding="utf-8")
-        dump_json(
-            plan_file,
-            {
-                "name": self.spec.name,
-                "fingerprint": _fingerprint(self.spec),
-                "variables": self.spec.variables,
-                "runs": [
-                    {"key": r.key, "cell": r.cell.as_dict(), "replicate": r.replicate, "order": r.order}
-                    for r in self.runs
-                ],
-            },
-        )
+        runs = [PlannedEntry(key=r.key, cell=r.cell.as_dict(), replicate=r.replicate, order=r.order) for r in self.runs]
+        plan_record = Plan(name=self.spec.name, fingerprint=_fingerprint(self.spec), variables=self.spec.variables, runs=runs)
+        dump_json(plan_file, plan_record.model_dump(mode="json"))
 
     def _finished(self, run: PlannedRun) -> CellRun | None:
         run_dir = self.path / CELLS / run.key
@@ -209,20 +211,23 @@ class MatrixRunner:
     def run(self) -> MatrixResult:
         exit_code = EXIT_OK
         try:
+            pending = []
             for run in self.runs:
                 done = self._finished(run)
                 if done is not None:
                     self.records[run.key] = done
-                    continue
-                record = self._run_one(run)
-                self.records[run.key] = record
-                _append_progress(self.path / PROGRESS, record)
-                self._write_matrix(effects=False)
-                self._show(run, record)
-                if record.status == "failed":
-                    exit_code = EXIT_TARGET
-                    if not self.keep_going:
-                        break
+                else:
+                    pending.append(run)
+            with contextlib.closing(self._execute(pending)) as ended:
+                for run, record in ended:
+                    self.records[run.key] = record
+                    _append_progress(self.path / PROGRESS, record)
+                    self._write_matrix(effects=False)
+                    self._show(run, record)
+                    if record.status == "failed":
+                        exit_code = EXIT_TARGET
+                        if not self.keep_going:
+                            break
         except BaseException as err:
             if not is_interrupt(err):
                 raise
@@ -238,67 +243,22 @@ class MatrixRunner:
             return MatrixResult(self.path, self._write_matrix(effects=False), exit_code, f"{type(err).__name__}: {err}")
         return MatrixResult(self.path, analysis, exit_code)
 
-    def _run_one(self, run: PlannedRun) -> CellRun:
-        from repro.runner import RunOptions, execute_run  # the load layer
+    def _execute(self, pending: list[PlannedRun]) -> Iterator[tuple[PlannedRun, CellRun]]:
+        """Each pending run with its record as it ends: one after another here, or at once on Ray."""
+        if self.executor == "ray":
+            from repro.matrix.ray_executor import execute_on_ray
 
-        log_dir = self.path / LOGS / run.key
-        launch = resolve(self.spec, run, log_dir=log_dir)
-        load = dict(self.spec.load)
-        load.update(
-            base_url=f"{launch.url}/v1",
-            out=str(self.path / CELLS / run.key),
-            name=f"{slug(self.spec.name)}-{run.key}",
-            seed=int(load.get("seed", 0)) + run.replicate - 1,
-        )
-        options = RunOptions.model_validate(load)
-        base = dict(
-            key=run.key, cell=run.cell.as_dict(), replicate=run.replicate, order=run.order, launch=describe(launch)
-        )
-        self.console.print(
-            Text(f"[{run.order + 1}/{len(self.runs)}] cell {run.cell.name} replicate {run.replicate}: launching")
-        )
-        started = time.monotonic()
-        deployment = CellDeployment(launch, log_dir, cell=run.key)
-        watch = deployment.watch()
-        try:
-            with deployment as confirmation, watch:
-                for note in confirmation.notes:
-                    self.console.print(Text(f"  not verified: {note}"))
-                result = execute_run(options, console=self.console, live=False, report=self.cell_reports)
-        except TargetError as err:
-            message = watch.exit.message(run.key) if watch.exit else str(err)
-            return CellRun(
-                status="failed",
-                message=message,
-                notes=deployment.log_notes(),
-                duration_s=time.monotonic() - started,
-                **base,
+            yield from execute_on_ray(
+                self.spec, pending, self.path, total=len(self.runs), console=self.console,
+                cell_reports=self.cell_reports, address=self.ray_address,
             )
-        notes = confirmation.notes + deployment.log_notes()
-        if watch.exit is not None:
-            # The sessions measured a deployment that was falling apart: not a result. Moved aside
-            # (kept for a post-mortem) so that --resume reruns the cell.
-            aside = _move_aside(self.path / CELLS / run.key)
-            return CellRun(
-                status="failed",
-                message=watch.exit.message(run.key),
-                run_dir=aside.relative_to(self.path).as_posix(),
-                notes=notes,
-                duration_s=time.monotonic() - started,
-                **base,
-            )
-        if result.summary.interrupted:
-            raise KeyboardInterrupt
-        return CellRun(
-            status="finished",
-            counts=dict(result.summary.counts),
-            wedged=result.summary.wedged,
-            run_dir=f"{CELLS}/{run.key}",
-            server_info=confirmation.server_info,
-            notes=notes,
-            duration_s=time.monotonic() - started,
-            **base,
-        )
+            return
+        for run in pending:
+            yield run, self._run_one(run)
+
+    def _run_one(self, run: PlannedRun) -> CellRun:
+        return run_cell(self.spec, run, self.path, total=len(self.runs), console=self.console,
+                        cell_reports=self.cell_reports)
 
     def _show(self, run: PlannedRun, record: CellRun) -> None:
         if record.status == "failed":
@@ -315,6 +275,75 @@ class MatrixRunner:
         self.console.print(table)
 
 
+def run_cell(
+    spec: MatrixSpec, run: PlannedRun, path: Path, *, total: int, console: Console, cell_reports: bool
+) -> CellRun:
+    """One run of one cell under the matrix directory `path`: launch, confirm, load, stop; its progress record.
+
+    The local executor calls it in this process; the Ray executor in a task on the node the cell's
+    resources pick, with `path` a scratch directory whose cells/ and logs/ go back to the driver.
+    """
+    from repro.runner import RunOptions, execute_run  # the load layer
+
+    log_dir = path / LOGS / run.key
+    launch = resolve(spec, run, log_dir=log_dir)
+    load = dict(spec.load)
+    load.update(
+        base_url=f"{launch.url}/v1",
+        out=str(path / CELLS / run.key),
+        name=f"{slug(spec.name)}-{run.key}",
+        seed=int(load.get("seed", 0)) + run.replicate - 1,
+    )
+    options = RunOptions.model_validate(load)
+    base = dict(
+        key=run.key, cell=run.cell.as_dict(), replicate=run.replicate, order=run.order, launch=describe(launch),
+        node=where(),
+    )
+    console.print(Text(f"[{run.order + 1}/{total}] cell {run.cell.name} replicate {run.replicate}: launching"))
+    started = time.monotonic()
+    deployment = CellDeployment(launch, log_dir, cell=run.key)
+    watch = deployment.watch()
+    try:
+        with deployment as confirmation, watch:
+            for note in confirmation.notes:
+                console.print(Text(f"  not verified: {note}"))
+            result = execute_run(options, console=console, live=False, report=cell_reports)
+    except TargetError as err:
+        message = watch.exit.message(run.key) if watch.exit else str(err)
+        return CellRun(
+            status="failed",
+            message=message,
+            notes=deployment.log_notes(),
+            duration_s=time.monotonic() - started,
+            **base,
+        )
+    notes = confirmation.notes + deployment.log_notes()
+    if watch.exit is not None:
+        # The sessions measured a deployment that was falling apart: not a result. Moved aside
+        # (kept for a post-mortem) so that --resume reruns the cell.
+        aside = _move_aside(path / CELLS / run.key)
+        return CellRun(
+            status="failed",
+            message=watch.exit.message(run.key),
+            run_dir=aside.relative_to(path).as_posix(),
+            notes=notes,
+            duration_s=time.monotonic() - started,
+            **base,
+        )
+    if result.summary.interrupted:
+        raise KeyboardInterrupt
+    return CellRun(
+        status="finished",
+        counts=dict(result.summary.counts),
+        wedged=result.summary.wedged,
+        run_dir=f"{CELLS}/{run.key}",
+        server_info=confirmation.server_info,
+        notes=notes,
+        duration_s=time.monotonic() - started,
+        **base,
+    )
+
+
 def run_matrix(
     spec_path: Path,
     *,
@@ -324,8 +353,14 @@ def run_matrix(
     cell_reports: bool = True,
     variables: dict[str, str] | None = None,
     console: Console | None = None,
+    executor: str = "local",
+    ray_address: str | None = None,
 ) -> MatrixResult:
     """`repro matrix`: load the spec, run (or resume) every cell, analyse, write matrix.json and the reports."""
+    if executor not in EXECUTORS:
+        raise UsageError(f"--executor {executor!r}: expected one of {', '.join(EXECUTORS)}")
+    if ray_address is not None and executor != "ray":
+        raise UsageError("--ray-address needs --executor ray")
     if resume and out is None:
         raise UsageError("--resume needs --out: the matrix directory to continue")
     spec = load_spec(spec_path, variables)
@@ -339,6 +374,8 @@ def run_matrix(
         keep_going=keep_going,
         cell_reports=cell_reports,
         console=console,
+        executor=executor,  # type: ignore[arg-type]  # checked against EXECUTORS above
+        ray_address=ray_address,
     )
     # SIGTERM (a CI job cancelled, `kill`) tears down like Ctrl-C: servers run in their own process groups
     # and would outlive the harness otherwise.

@@ -1,0 +1,165 @@
+"""`repro matrix --executor ray`: every run (deployment start, load, stop) is one Ray task.
+
+Each task asks for the resources the spec's `resources:` section gives its cell, so Ray places it on
+a node that has them, and independent cells run on different nodes at once. A task runs
+`repro.matrix.runner.run_cell` in a scratch directory on its node and returns its progress record,
+what it printed, and its cells/ and logs/ entries as one archive; the driver unpacks that into the
+one matrix directory, so progress.jsonl, `--resume` and the analysis are the local executor's.
+
+A task lost with its node (or its worker) is a failed run, which `--resume` reruns. Interrupting the
+driver cancels every task: first as Ctrl-C inside it (the deployment is stopped by its own teardown),
+then by force after the deployments' stop time; the `repro.reaper` of each task's worker sweeps the
+process groups that task launched when the worker dies.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+from rich.console import Console
+from rich.text import Text
+
+from repro.errors import UsageError
+from repro.matrix.analysis import CellRun
+from repro.matrix.design import PlannedRun
+from repro.matrix.spec import MatrixSpec
+from repro.node import where
+
+CANCEL_GRACE_S = 60.0
+"""After Ctrl-C, how long the tasks get to stop their deployments before they are killed."""
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+LOCAL_ONLY_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+RAY_NAMES = {"CPU": "num_cpus", "GPU": "num_gpus", "memory": "memory"}
+"""Resources Ray takes as task options of their own; any other name is a custom resource."""
+
+
+def task_options(resources: dict[str, float]) -> dict[str, Any]:
+    """Ray task options asking for `resources` (spec names: CPU, GPU, memory, custom ones)."""
+    options: dict[str, Any] = {"num_cpus": 0}
+    custom: dict[str, float] = {}
+    for name, amount in resources.items():
+        if name in RAY_NAMES:
+            options[RAY_NAMES[name]] = amount
+        else:
+            custom[name] = amount
+    if custom:
+        options["resources"] = custom
+    return options
+
+
+def _connect(address: str | None) -> tuple[Any, bool]:
+    """The `ray` module, connected; True when this call connected it (and should disconnect)."""
+    host = (address or "").rpartition(":")[0].strip("[]")
+    if host in LOOPBACK and "ray" not in sys.modules:
+        # Ray rewrites a loopback address to the machine's outward one before connecting, which a
+        # Ray bound to loopback does not answer. This switch (read when ray is imported) keeps loopback.
+        os.environ.setdefault(LOCAL_ONLY_ENV, "0")
+    try:
+        import ray
+    except ImportError:
+        raise UsageError("--executor ray needs Ray: pip install 'repro[cluster]'") from None
+    if ray.is_initialized():
+        return ray, False
+    try:
+        # No address: a one-machine Ray started here and stopped at the end (RAY_ADDRESS is honoured).
+        ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    except (ConnectionError, RuntimeError, ValueError) as err:
+        raise UsageError(f"--ray-address {address}: cannot connect to Ray: {str(err).splitlines()[0]}") from None
+    return ray, True
+
+
+def _cell_task(spec: MatrixSpec, run: PlannedRun, total: int, cell_reports: bool) -> tuple[str, str, bytes]:
+    """In the Ray worker: one run in a scratch directory; (record JSON, printed text, tar.gz of the directory)."""
+    from repro.matrix.runner import CELLS, LOGS, run_cell
+
+    scratch = Path(tempfile.mkdtemp(prefix="repro-cell-"))
+    screen = io.StringIO()
+    try:
+        (scratch / CELLS).mkdir()
+        console = Console(file=screen, width=120, highlight=False)
+        record = run_cell(spec, run, scratch, total=total, console=console, cell_reports=cell_reports)
+        archive = io.BytesIO()
+        with tarfile.open(fileobj=archive, mode="w:gz") as tar:
+            for top in (CELLS, LOGS):
+                if (scratch / top).exists():
+                    tar.add(scratch / top, arcname=top)
+        return record.model_dump_json(), screen.getvalue(), archive.getvalue()
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _unpack(archive: bytes, path: Path) -> None:
+    with tarfile.open(fileobj=io.BytesIO(archive), mode="r:gz") as tar:
+        tar.extractall(path, filter="data")  # refuses absolute paths, links out of the directory, devices
+
+
+def _failed(run: PlannedRun, resources: dict[str, float], err: BaseException) -> CellRun:
+    detail = str(err).strip().splitlines()
+    cause = detail[0] if detail else ""
+    return CellRun(
+        key=run.key, cell=run.cell.as_dict(), replicate=run.replicate, order=run.order, status="failed",
+        message=f"the Ray task ended without a result ({type(err).__name__}: {cause}); resources {resources}",
+        node=None,
+    )
+
+
+def execute_on_ray(
+    spec: MatrixSpec,
+    pending: list[PlannedRun],
+    path: Path,
+    *,
+    total: int,
+    console: Console,
+    cell_reports: bool,
+    address: str | None,
+) -> Iterator[tuple[PlannedRun, CellRun]]:
+    """Submit every pending run at once; yield each with its record as it ends (in whatever order)."""
+    ray, connected = _connect(address)
+    console.print(Text(f"Ray executor: {len(pending)} run(s) submitted to the cluster from {where()['hostname']}"))
+    remote = ray.remote(max_retries=0)(_cell_task)
+    asked = {run.key: spec.resources.for_cell(run.cell.as_dict()) for run in pending}
+    refs = {
+        remote.options(**task_options(asked[run.key]), name=f"repro-{run.key}").remote(spec, run, total, cell_reports): run
+        for run in pending
+    }
+    try:
+        while refs:
+            ready, _ = ray.wait(list(refs), num_returns=1, timeout=1.0)
+            for ref in ready:
+                run = refs.pop(ref)
+                try:
+                    record_json, printed, archive = ray.get(ref)
+                except ray.exceptions.RayError as err:
+                    yield run, _failed(run, asked[run.key], err)
+                    continue
+                _unpack(archive, path)
+                for line in printed.splitlines():
+                    console.print(Text(line))
+                yield run, CellRun.model_validate_json(record_json)
+    finally:
+        _cancel(ray, list(refs), console)
+        if connected:
+            ray.shutdown()
+
+
+def _cancel(ray: Any, refs: list[Any], console: Console) -> None:
+    """Stop the tasks still out: Ctrl-C in each (its deployment stops), then force after CANCEL_GRACE_S."""
+    if not refs:
+        return
+    console.print(Text(f"cancelling {len(refs)} Ray task(s)"))
+    for ref in refs:
+        ray.cancel(ref, force=False)
+    deadline = time.monotonic() + CANCEL_GRACE_S
+    left = refs
+    while left and time.monotonic() < deadline:
+        _, left = ray.wait(left, num_returns=len(left), timeout=0.5)
+    for ref in left:
+        ray.cancel(ref, force=True)

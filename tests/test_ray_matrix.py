@@ -1,0 +1,164 @@
+"""`repro matrix --executor ray` on Ray's own two-node test cluster (one machine, loopback only)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+import yaml
+
+from repro.matrix.ray_executor import task_options
+from repro.matrix.spec import ResourcesSpec, SpecLoader
+
+# A cluster bound to loopback only: without this, Ray resolves 127.0.0.1 to the machine's outward address.
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+ray = pytest.importorskip("ray")
+from ray.cluster_utils import Cluster  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+SIM_SPEC = ROOT / "matrices" / "sim_hicache_bf16.yaml"
+REPRO = [sys.executable, "-c", "from repro.cli import main; main()"]
+NODE_ARGS = dict(num_cpus=1, object_store_memory=80 * 1024 * 1024, include_dashboard=False, node_ip_address="127.0.0.1")
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[tuple[Cluster, dict[str, str]]]:
+    """Two Ray nodes on this machine, `node_a` (the head) and `node_b`, each with its own custom resource."""
+    made = Cluster(initialize_head=True, head_node_args={**NODE_ARGS, "resources": {"node_a": 1}})
+    try:
+        worker = made.add_node(**NODE_ARGS, resources={"node_b": 1})
+        made.wait_for_nodes()
+        yield made, {"node_a": made.head_node.node_id, "node_b": worker.node_id}
+    finally:
+        made.shutdown()
+
+
+def spec_file(tmp_path: Path, name: str, mark: str, **load: Any) -> Path:
+    """The shipped simulator matrix with tiny sessions, HiCache-off cells pinned to node_a and -on to node_b."""
+    spec = yaml.load(SIM_SPEC.read_text(encoding="utf-8"), Loader=SpecLoader)
+    spec["load"].update({"workload": str(ROOT / "experiments" / "agentic_coding.yaml"),
+                         "sessions": 4, "concurrency": 4, "turns": 3, **load})
+    spec["design"]["replicates"] = 1
+    spec["deployment"]["env"] = {"REPRO_TEST_MARK": mark}
+    spec["resources"] = {"run": {"CPU": 1}, "levels": {"hicache": {"off": {"node_a": 1}, "on": {"node_b": 1}}}}
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def repro(args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    with open(log, "wb") as out:
+        return subprocess.Popen([*REPRO, *args], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+
+
+def marked_pids(mark: str) -> set[int]:
+    """Processes whose environment carries `REPRO_TEST_MARK=mark`: the servers this test's matrix launched."""
+    needle = f"REPRO_TEST_MARK={mark}".encode()
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if needle in (entry / "environ").read_bytes().split(b"\0"):
+                    found.add(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def poll(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def test_resources_become_ray_task_options() -> None:
+    spec = ResourcesSpec.model_validate({"run": {"CPU": 2, "GPU": 8}, "levels": {"tp": {"8": {"h100": 1, "GPU": 0}}}})
+    asked = spec.for_cell({"tp": "8", "other": "x"})
+    assert asked == {"CPU": 2, "GPU": 8, "h100": 1}
+    assert task_options(asked) == {"num_cpus": 2, "num_gpus": 8, "resources": {"h100": 1}}
+    assert task_options(spec.for_cell({"tp": "4"})) == {"num_cpus": 2, "num_gpus": 8}
+
+
+def test_cells_run_on_the_nodes_their_resources_name_with_the_local_verdicts(
+    cluster: tuple[Cluster, dict[str, str]], tmp_path: Path
+) -> None:
+    made, nodes = cluster
+    mark = uuid.uuid4().hex
+    spec = spec_file(tmp_path, "ray", mark)
+    on_ray = repro(["matrix", str(spec), "--out", str(tmp_path / "ray"), "--no-cell-reports",
+                    "--executor", "ray", "--ray-address", made.address], tmp_path / "ray.log")
+    local = repro(["matrix", str(spec), "--out", str(tmp_path / "local"), "--no-cell-reports"], tmp_path / "local.log")
+    try:
+        assert on_ray.wait(timeout=240) == 0, (tmp_path / "ray.log").read_text()[-3000:]
+        assert local.wait(timeout=240) == 0, (tmp_path / "local.log").read_text()[-3000:]
+    finally:
+        for proc in (on_ray, local):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+                proc.wait(timeout=120)
+
+    records = [json.loads(line) for line in (tmp_path / "ray" / "progress.jsonl").read_text().splitlines()]
+    assert len(records) == 4 and all(r["status"] == "finished" for r in records)
+    for record in records:
+        expected = nodes["node_a" if record["cell"]["hicache"] == "off" else "node_b"]
+        assert record["node"]["ray_node_id"] == expected, record["key"]
+        run_dir = tmp_path / "ray" / record["run_dir"]
+        manifest = json.loads((run_dir / "manifest.json").read_text())
+        assert manifest["node"]["ray_node_id"] == expected
+        assert (tmp_path / "ray" / "logs" / record["key"] / "processes.json").exists()
+        local_sessions = (tmp_path / "local" / record["run_dir"] / "sessions.jsonl").read_text().splitlines()
+        ray_sessions = (run_dir / "sessions.jsonl").read_text().splitlines()
+        assert sorted((s["session_id"], s["task"]) for s in map(json.loads, ray_sessions)) == sorted(
+            (s["session_id"], s["task"]) for s in map(json.loads, local_sessions)
+        )
+    analyses = [json.loads((tmp_path / name / "matrix.json").read_text()) for name in ("ray", "local")]
+    verdicts = [{f["factor"]: f["verdict"] for f in analysis["factors"]} for analysis in analyses]
+    assert verdicts[0] == verdicts[1] and set(verdicts[0]) == {"hicache", "index_k"}
+    # The matrix report names the node of every run.
+    assert nodes["node_b"][:12] in (tmp_path / "ray" / "report.html").read_text()
+    assert not marked_pids(mark)
+
+
+def test_sigint_cancels_every_task_and_leaves_no_server(cluster: tuple[Cluster, dict[str, str]], tmp_path: Path) -> None:
+    made, _ = cluster
+    mark = uuid.uuid4().hex
+    spec = spec_file(tmp_path, "int", mark, sessions=40, concurrency=2, turns=18)
+    proc = repro(["matrix", str(spec), "--out", str(tmp_path / "m"), "--no-cell-reports",
+                  "--executor", "ray", "--ray-address", made.address], tmp_path / "m.log")
+    try:
+        # Both nodes serving: a server with the mark per node.
+        poll(lambda: len(marked_pids(mark)) >= 2, 120, "a server on each node")
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=120) == 130, (tmp_path / "m.log").read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    poll(lambda: not marked_pids(mark), 30, "every server the tasks launched to end")
+    assert "interrupted" in (tmp_path / "m.log").read_text()
+    assert (tmp_path / "m" / "matrix.json").exists()
+    assert not (tmp_path / "m" / "progress.jsonl").exists() or all(
+        json.loads(line)["status"] == "finished" for line in (tmp_path / "m" / "progress.jsonl").read_text().splitlines()
+    )
+    # The cluster is fine afterwards: nothing holds its CPUs.
+    poll(lambda: ray_cpus_free(made.address) == 2, 60, "the cluster's CPUs to be free again")
+
+
+def ray_cpus_free(address: str) -> float:
+    probe = subprocess.run(
+        [sys.executable, "-c",
+         f"import ray; ray.init(address={address!r}, logging_level='ERROR'); print(ray.available_resources().get('CPU', 0))"],
+        capture_output=True, text=True, timeout=60,
+    )
+    return float(probe.stdout.strip().splitlines()[-1]) if probe.returncode == 0 and probe.stdout.strip() else -1.0

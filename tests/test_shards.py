@@ -1,0 +1,112 @@
+"""`repro run --workers N`: sessions sharded across local worker processes, one run directory."""
+
+from __future__ import annotations
+
+import io
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from rich.console import Console
+
+from faulty_servers import start_faulty_server
+from repro.errors import EXIT_INTERRUPTED
+from repro.runner import RunOptions, RunResult, execute_run
+from repro.shards import shard_sizes
+from repro.sim.launch import SimHandle
+from repro.store import load_run
+
+
+@pytest.fixture(scope="module")
+def faulty(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    proc, root = start_faulty_server(tmp_path_factory.mktemp("faulty") / "server.log")
+    yield root
+    proc.stop()
+
+
+def run(out: Path, **options: Any) -> tuple[RunResult, str]:
+    screen = io.StringIO()
+    result = execute_run(RunOptions.parse({"out": out, **options}), console=Console(file=screen, width=150), live=False)
+    return result, screen.getvalue()
+
+
+@given(st.integers(1, 500), st.integers(1, 500), st.integers(1, 16))
+def test_shards_deal_every_session_once_and_split_the_concurrency(sessions: int, concurrency: int, workers: int) -> None:
+    sizes = shard_sizes(sessions, concurrency, workers)
+    assert sum(n for n, _ in sizes) == sessions
+    assert max(n for n, _ in sizes) - min(n for n, _ in sizes) <= 1
+    assert all(c >= 1 for _, c in sizes)
+    assert sum(c for _, c in sizes) == max(concurrency, workers)
+
+
+def test_two_workers_run_the_same_sessions_as_one_process(
+    sim_server: Callable[..., SimHandle], tmp_path: Path
+) -> None:
+    sim = sim_server("--enable-hierarchical-cache", "--index-k-dtype", "bf16")
+    common = dict(base_url=sim.base_url, sessions=14, turns=3, seed=7, timeout=120)
+    one, _ = run(tmp_path / "one", **common)
+    two, screen = run(tmp_path / "two", workers=2, **common)
+    assert two.exit_code == 0, screen
+    a, b = load_run(one.path), load_run(two.path)
+
+    def identity(sessions: list) -> list[tuple[int, str]]:
+        return sorted((s.session_id, s.task) for s in sessions)
+
+    assert identity(b.sessions) == identity(a.sessions)
+    assert sorted(s.session_id for s in b.sessions) == list(range(14))
+    assert b.summary is not None and b.summary.sessions == 14 and not b.summary.interrupted
+    assert b.summary.turns == sum(len(s.turns) for s in b.sessions) > 0
+    # One loop-lag series per worker, pooled into the run's.
+    assert len(b.summary.worker_loop_lag) == 2
+    assert b.summary.loop_lag is not None
+    assert b.summary.loop_lag.count == sum(p.count for p in b.summary.worker_loop_lag)
+    assert "worker 1 loop lag" in screen
+    # Kept raw responses name files the driver wrote.
+    for session in b.sessions:
+        for turn in session.turns:
+            if turn.raw_path is not None:
+                assert (two.path / turn.raw_path).is_file()
+
+
+def _shard_pids() -> set[int]:
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if b"repro.shards" in (entry / "cmdline").read_bytes():
+                    found.add(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def test_sigint_stops_the_workers_and_keeps_every_session(faulty: str, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    before = _shard_pids()
+    args = ["run", "--base-url", f"{faulty}/slow:0.1/v1", "--sessions", "12", "--concurrency", "4",
+            "--workers", "2", "--out", str(out)]
+    proc = subprocess.Popen([sys.executable, "-c", "from repro.cli import main; main()", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    sessions_file = out / "sessions.jsonl"
+    deadline = time.monotonic() + 60
+    while not (sessions_file.exists() and sessions_file.read_text().count("\n") >= 2):
+        assert proc.poll() is None and time.monotonic() < deadline, "no session finished in time"
+        time.sleep(0.05)
+    assert len(_shard_pids() - before) == 2
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == EXIT_INTERRUPTED, err
+    assert not _shard_pids() - before
+    loaded = load_run(out)
+    assert loaded.summary is not None and loaded.summary.interrupted
+    outcomes = [s.outcome for s in loaded.sessions]
+    assert "interrupted" in outcomes and len(outcomes) < 12
+    # Both workers' sessions in flight came back: ids of both parities were cut short.
+    assert {s.session_id % 2 for s in loaded.sessions if s.outcome == "interrupted"} == {0, 1}
+    assert len({s.session_id for s in loaded.sessions}) == len(outcomes)
