@@ -25,7 +25,7 @@ def probe_settings(
     *,
     config: Path | None,
     load: dict[str, Any],
-    sessions: int,
+    sessions: int | None,
     max_rounds: int,
     mode: str,
     alpha: float,
@@ -34,19 +34,23 @@ def probe_settings(
     min_bad_rate: float,
     seed: int,
 ):  # -> ProbeSettings (imported late)
-    """The probes' settings from the command line; `--config` is a `repro run` YAML whose load options apply."""
+    """The probes' settings from the command line; `--config` is a `repro run` YAML whose load options
+    apply. A round has `sessions` sessions, else the load options' `sessions`, else DEFAULT_SESSIONS."""
     from repro.bisect.probe import ProbeSettings
     from repro.runner import RunOptions
 
     if mode not in ("sequential", "fixed"):
         raise UsageError(f"--probe must be sequential or fixed, got {mode!r}")
     options = RunOptions.from_sources(config, {k: v for k, v in load.items() if v is not None})
+    if sessions is None:
+        sessions = options.sessions if "sessions" in options.model_fields_set else DEFAULT_SESSIONS
     kept = options.model_dump(mode="json", exclude={"base_url", "sessions", "seed", "out", "name", "sim_args",
                                                      "max_corruption_rate"}, exclude_defaults=True)
     if options.base_url is not None or options.sim_args:
         raise UsageError("--config: base_url and sim_args are the bisection's to choose; remove them")
-    return ProbeSettings(load=kept, round_sessions=sessions, max_rounds=max_rounds, mode=mode, alpha=alpha,  # type: ignore[arg-type]
-                         beta=beta, good_rate=good_rate, min_bad_rate=min_bad_rate, seed=seed)
+    return ProbeSettings(load=kept, round_sessions=sessions, max_rounds=max_rounds,
+                         mode=mode,  # type: ignore[arg-type]
+                         alpha=alpha, beta=beta, good_rate=good_rate, min_bad_rate=min_bad_rate, seed=seed)
 
 
 def default_out(kind: str) -> Path:
@@ -55,7 +59,8 @@ def default_out(kind: str) -> Path:
 
 
 # Options shared by every command (typer needs them spelled out per command).
-SESSIONS = typer.Option(32, "--sessions", help="Sessions per probe round (run at --concurrency).")
+SESSIONS = typer.Option(None, "--sessions", help="Sessions per probe round, run at --concurrency (default: 32).")
+DEFAULT_SESSIONS = 32
 MAX_ROUNDS = typer.Option(3, "--max-rounds", help="Rounds a sequential probe may run before it ends undecided.")
 PROBE = typer.Option("sequential", "--probe", help="sequential (Wald's SPRT over rounds) or fixed (one sized round).")
 ALPHA = typer.Option(0.05, "--alpha", help="A probe's chance of calling a good target bad.")
@@ -86,7 +91,7 @@ def flags_command(
     out: Path | None = OUT,
     resume: bool = RESUME,
     max_probes: int = MAX_PROBES,
-    sessions: int = SESSIONS,
+    sessions: int | None = SESSIONS,
     max_rounds: int = MAX_ROUNDS,
     probe: str = PROBE,
     alpha: float = ALPHA,
@@ -126,14 +131,20 @@ def commits_command(
     repo: Path = typer.Option(Path("."), "--repo", help="The git repository."),
     good: str = typer.Option(..., "--good", help="A commit without the corruption."),
     bad: str = typer.Option(..., "--bad", help="A later commit with it (first-parent descendant of --good)."),
-    deploy: str = typer.Option(..., "--deploy", help=DEPLOY_HELP),
+    deploy: str | None = typer.Option(None, "--deploy", help=DEPLOY_HELP),
+    matrix_deployment: Path | None = typer.Option(
+        None, "--matrix-deployment", help="Deploy as this matrix spec deploys a cell, with its variables rev and src set."
+    ),
+    matrix_cell: str | None = typer.Option(
+        None, "--matrix-cell", help="The spec's cell to deploy, FACTOR=LEVEL,... (default: its baseline)."
+    ),
     build: str | None = BUILD,
     confidence: float = typer.Option(0.95, "--confidence", help="Stop when one commit holds this much of the posterior."),
     max_sessions: int = typer.Option(3000, "--max-sessions", help="Session budget of the whole search."),
     out: Path | None = OUT,
     resume: bool = RESUME,
     max_probes: int = typer.Option(30, "--max-probes", help="Probe budget."),
-    sessions: int = SESSIONS,
+    sessions: int | None = SESSIONS,
     max_rounds: int = typer.Option(
         1, "--max-rounds", help="Rounds per probe; 1: the posterior decides where to look again, more: each probe an SPRT."
     ),
@@ -155,14 +166,20 @@ def commits_command(
 ) -> None:
     """Bayesian search for the first bad commit: each probe deploys a commit and runs the load on it."""
     from repro.bisect.commits import bisect_commits
+    from repro.bisect.matrixdeploy import load_deployment
 
     if resume and out is None:
         raise UsageError("--resume needs --out: the bisect directory to continue")
-    load = {k: v for k, v in locals().items() if k in _LOAD_KEYS}
+    if (deploy is None) == (matrix_deployment is None):
+        raise UsageError("give exactly one of --deploy, --matrix-deployment")
+    matrix = load_deployment(matrix_deployment, matrix_cell) if matrix_deployment is not None else None
+    # A matrix spec's load section comes first; the command line's load options win over it.
+    load = {**(matrix[0].load if matrix else {}), **{k: v for k, v in locals().items() if k in _LOAD_KEYS and v is not None}}
     settings = probe_settings(config=config, load=load, sessions=sessions, max_rounds=max_rounds, mode=probe,
                               alpha=alpha, beta=beta, good_rate=good_rate, min_bad_rate=min_bad_rate, seed=seed)
-    result = bisect_commits(repo, good, bad, deploy=deploy, settings=settings, out=out or default_out("commits"),
-                            build=build, resume=resume, confidence=confidence, max_probes=max_probes,
+    result = bisect_commits(repo, good, bad, deploy=deploy, matrix=matrix, settings=settings,
+                            out=out or default_out("commits"), build=build, resume=resume, confidence=confidence,
+                            max_probes=max_probes,
                             max_sessions=max_sessions, build_timeout=build_timeout, ready_timeout=ready_timeout)
     raise typer.Exit(result.exit_code)
 
@@ -174,7 +191,7 @@ def probe_command(
     src: Path = typer.Option(Path("."), "--src", help="The checkout to probe (git bisect run's working tree)."),
     build: str | None = BUILD,
     out: Path | None = typer.Option(None, "--out", help="Probe directory (default: reports/<timestamp>-probe-<rev>/)."),
-    sessions: int = SESSIONS,
+    sessions: int | None = SESSIONS,
     max_rounds: int = MAX_ROUNDS,
     probe: str = typer.Option("fixed", "--probe", help="fixed (one round sized for the range) or sequential (SPRT)."),
     alpha: float = ALPHA,

@@ -19,6 +19,7 @@ from rich.console import Console
 
 from repro.bisect.gitrepo import Commit, checkout, commit_range, prepare, remove_checkout
 from repro.bisect.journal import Journal, ProbeRecord
+from repro.bisect.matrixdeploy import commit_launch
 from repro.bisect.posterior import (
     Model,
     Observation,
@@ -33,6 +34,8 @@ from repro.bisect.posterior import (
 from repro.bisect.probe import ProbeSettings
 from repro.bisect.search import Search, SearchOutcome
 from repro.errors import UsageError
+from repro.matrix.design import Cell
+from repro.matrix.spec import MatrixSpec
 
 
 def _observations(records: list[ProbeRecord]) -> list[Observation]:
@@ -75,9 +78,7 @@ def decide(
     post = posterior(commits, _observations(records), model)
     bad_end = [r for r in records if r.index == commits - 1]
     if not bad_end:
-        plan = ProbePlan("fixed", settings.round_sessions, 2 * settings.round_sessions,
-                         max(0.5, settings.min_bad_rate), settings.good_rate, settings.alpha, settings.beta)
-        return Next(commits - 1, plan, "the bad end: it must corrupt, and its rate starts the model")
+        return Next(commits - 1, settings.bad_end_plan(), "the bad end: it must corrupt, and its rate starts the model")
     if all(r.verdict == "inconclusive" for r in bad_end):
         return Ended(None, post)
     plan = settings.plan(post.bad_rate, commits)
@@ -114,8 +115,9 @@ def bisect_commits(
     good: str,
     bad: str,
     *,
-    deploy: str,
+    deploy: str | None,
     settings: ProbeSettings,
+    matrix: tuple[MatrixSpec, Cell] | None = None,
     out: Path,
     build: str | None = None,
     resume: bool = False,
@@ -127,7 +129,10 @@ def bisect_commits(
     ready_timeout: float = 120.0,
     console: Console | None = None,
 ) -> SearchOutcome:
-    """Run (or resume) a commit bisection in `out`; see the module docstring."""
+    """Run (or resume) a commit bisection in `out`; see the module docstring. The deployment is the
+    `deploy` command or a matrix spec's cell (`matrix`, from repro.bisect.matrixdeploy)."""
+    if (deploy is None) == (matrix is None):
+        raise UsageError("give exactly one of --deploy, --matrix-deployment")
     if not 0.5 < confidence < 1.0:
         raise UsageError(f"--confidence must be between 0.5 and 1, got {confidence}")
     console = console or Console(stderr=True, highlight=False, soft_wrap=True)
@@ -140,6 +145,7 @@ def bisect_commits(
         "repo": str(repo),
         "commits": [c.sha for c in commits],
         "deploy": deploy,
+        "matrix": None if matrix is None else {"spec": matrix[0].model_dump(mode="json"), "cell": matrix[1].as_dict()},
         "build": build,
         "probe": asdict(settings),
         "confidence": confidence,
@@ -159,7 +165,10 @@ def bisect_commits(
         def launch(probe_dir: Path):
             src = probe_dir / "src"
             checkout(repo, commit.sha, src)
-            return prepare(deploy=deploy, build=build, rev=commit.sha, src=src, probe_dir=probe_dir,
+            how = deploy if matrix is None else (
+                lambda: commit_launch(*matrix, rev=commit.sha, src=src, log_dir=probe_dir / "logs"))
+            assert how is not None
+            return prepare(deploy=how, build=build, rev=commit.sha, src=src, probe_dir=probe_dir,
                            build_timeout=build_timeout, ready_timeout=ready_timeout)
 
         try:

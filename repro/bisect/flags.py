@@ -113,14 +113,13 @@ def bisect_flags(
 
     base = {"kind": "flags", "changes": setup["changes"], "good": setup["good"], "bad": setup["bad"]}
     try:
-        bad_plan = ProbePlan("fixed", settings.round_sessions, 2 * settings.round_sessions, max(0.5, settings.min_bad_rate),
-                             settings.good_rate, settings.alpha, settings.beta)
-        verdict = probe(everything, bad_plan, "the bad end must corrupt; its rate sizes the later probes")
+        verdict = probe(everything, settings.bad_end_plan(), "the bad end must corrupt; its rate sizes the later probes")
         if verdict != "bad":
             status = "no_culprit" if verdict == "good" else "stuck"  # fixed probes end good or bad, or inconclusive
             conclusion = (
                 "The bad configuration showed no corruption: nothing to bisect (raise --sessions, or check the load)."
-                if verdict == "good" else "The bad configuration's probe was inconclusive: " + str(recorded[everything].message)
+                if verdict == "good"
+                else f"The bad configuration's probe was inconclusive: {recorded[everything].message}"
             )
             return search.finish({**base, "status": status, "conclusion": conclusion, "found": []})
         bad_record = recorded[everything]
@@ -133,7 +132,8 @@ def bisect_flags(
         def test(subset: Subset) -> Outcome:
             if subset == everything:
                 return "fail"
-            return OUTCOME[probe(subset, plan, f"ddmin: {len(subset)} of {len(changes)} changes")]  # type: ignore[return-value]
+            verdict = probe(subset, plan, f"ddmin: {len(subset)} of {len(changes)} changes")
+            return OUTCOME[verdict]  # type: ignore[return-value]
 
         found = ddmin(everything, test)
     except _Budget:
@@ -143,7 +143,7 @@ def bisect_flags(
                               "conclusion": f"Probe budget ({max_probes}) spent; the smallest failing set so far: "
                                             + ("; ".join(smallest) or "none")})
     named = [str(changes[i]) for i in found]
-    together = " (only together: each alone did not corrupt)" if len(found) > 1 and all(
+    together = " (only together: each alone passed its probe)" if len(found) > 1 and all(
         recorded.get((i,)) is not None and recorded[(i,)].verdict == "good" for i in found) else ""
     conclusion = f"The corruption needs {len(found)} of the {len(changes)} changes{together}: " + "; ".join(named)
     return search.finish({**base, "status": "found", "found": named, "found_indices": list(found),

@@ -14,6 +14,7 @@ import sys
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from repro.bisect.probe import ProbeResult, launch_plan
 from repro.errors import UsageError
@@ -90,7 +91,7 @@ def substitute(command: str, values: dict[str, str], option: str) -> str:
 
 def prepare(
     *,
-    deploy: str,
+    deploy: str | Callable[[], LaunchPlan],
     build: str | None,
     rev: str,
     src: Path,
@@ -98,8 +99,9 @@ def prepare(
     build_timeout: float,
     ready_timeout: float,
 ) -> LaunchPlan | ProbeResult:
-    """Build the checkout in `src` (when `build` is given) and plan its deployment; a failed build
-    is an inconclusive probe, never a good or bad one."""
+    """Build the checkout in `src` (when `build` is given) and plan its deployment (a `--deploy`
+    command, or a callable such as a matrix spec's cell); a failed build is an inconclusive probe,
+    never a good or bad one."""
     values = {"rev": rev, "src": str(src), "python": sys.executable}
     if build:
         log = probe_dir / "build.log"
@@ -114,7 +116,10 @@ def prepare(
             proc.stop()
         if proc.returncode != 0:
             tail = one_line(proc.log_tail(3))
-            return ProbeResult("inconclusive", message=f"build exited with code {proc.returncode}" + (f": {tail}" if tail else ""))
+            why = f"build exited with code {proc.returncode}" + (f": {tail}" if tail else "")
+            return ProbeResult("inconclusive", message=why)
+    if callable(deploy):
+        return deploy()
     port = free_port()
     command = substitute(deploy, {**values, "port": str(port)}, "--deploy")
     argv = ["bash", "-c", f"cd {shlex.quote(str(src))} && {command}"]

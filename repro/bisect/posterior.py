@@ -94,7 +94,9 @@ def _check(commits: int, observations: Sequence[Observation]) -> None:
         if not 0 <= obs.index < commits:
             raise UsageError(f"probe of commit {obs.index} is outside the range 0..{commits - 1}")
         if not 0 <= obs.corrupt <= obs.completed:
-            raise UsageError(f"probe of commit {obs.index}: need 0 <= corrupt <= completed, got {obs.corrupt}/{obs.completed}")
+            raise UsageError(
+                f"probe of commit {obs.index}: need 0 <= corrupt <= completed, got {obs.corrupt}/{obs.completed}"
+            )
 
 
 def posterior(commits: int, observations: Sequence[Observation], model: Model = Model()) -> Posterior:
@@ -149,20 +151,24 @@ def information_gain(post: Posterior, sessions: int, good_rate: float) -> np.nda
     1 - (1 - p_bad)^n, a good one with 1 - (1 - good_rate)^n; the gain is the mutual information
     between that outcome and the commit's state under the posterior.
     """
-    bad = np.clip(post.bad_probability(), 0.0, 1.0)
-    hit_bad = 1.0 - (1.0 - post.bad_rate) ** sessions
+    return _gain(np.clip(post.bad_probability(), 0.0, 1.0), post.bad_rate, sessions, good_rate)
+
+
+def _gain(bad: np.ndarray, bad_rate: float, sessions: int, good_rate: float) -> np.ndarray:
+    hit_bad = 1.0 - (1.0 - bad_rate) ** sessions
     hit_good = 1.0 - (1.0 - good_rate) ** sessions
     hit = bad * hit_bad + (1.0 - bad) * hit_good
     return _entropy(hit) - (bad * _entropy(np.array(hit_bad)) + (1.0 - bad) * _entropy(np.array(hit_good)))
 
 
-MIN_GAIN_BITS = 1e-3
-"""Below this expected gain no probe is worth its sessions: the remaining doubt sits on commits that cannot be probed."""
+MIN_GAIN_SHARE = 0.05
+"""A probe expected to teach less than this share of what a probe of an even-odds commit would is not
+worth its sessions: the remaining doubt sits on commits that cannot be probed."""
 
 
 def next_commit(post: Posterior, sessions: int, good_rate: float, skip: frozenset[int] = frozenset()) -> int | None:
     """The commit (1..N-1, not in `skip`) whose probe teaches most; None when every one is skipped or
-    none would teach `MIN_GAIN_BITS`.
+    none would teach `MIN_GAIN_SHARE` of what a probe of an even-odds commit would.
 
     Ties go to the commit nearest the posterior median, then to the lower index.
     """
@@ -172,7 +178,8 @@ def next_commit(post: Posterior, sessions: int, good_rate: float, skip: frozense
     if not candidates:
         return None
     best = max(candidates, key=lambda i: (round(float(gain[i]), 9), -abs(float(bad[i]) - 0.5), -i))
-    return best if gain[best] >= MIN_GAIN_BITS else None
+    even_odds = float(_gain(np.array([0.5]), post.bad_rate, sessions, good_rate)[0])
+    return best if gain[best] >= MIN_GAIN_SHARE * even_odds else None
 
 
 StopReason = Literal["found", "no_culprit", "budget", "stuck"]
@@ -236,7 +243,8 @@ class ProbePlan:
 
 
 def fixed_sessions(bad_rate: float, commits: int, delta: float, cap: int) -> int:
-    """Sessions of a fixed probe: the bisection size of statistics.md, capped."""
+    """Sessions of a fixed probe, capped: `bisect_probe_sessions`, with which a bad commit passes every
+    probe of the search with chance at most delta."""
     return min(cap, bisect_probe_sessions(bad_rate, max(commits, 2), delta))
 
 
@@ -245,8 +253,8 @@ def judge_probe(plan: ProbePlan, corrupt: int, completed: int, unfinished: int) 
 
     `unfinished` counts timed-out and failed sessions: they prove nothing, and when they exceed
     `max_timeout_share` of the sessions the probe is inconclusive (never "good"). Sequential: Wald's
-    SPRT of the good rate against the bad rate, "undecided" at the cap (its counts still count). Fixed: bad at any corruption, good once the planned
-    sessions completed clean.
+    SPRT of the good rate against the bad rate, "undecided" at the cap (its counts still count).
+    Fixed: bad at any corruption, good once the planned sessions completed clean.
     """
     total = completed + unfinished
     if total and unfinished > plan.max_timeout_share * total:

@@ -41,6 +41,11 @@ class ProbeSettings:
     """Fixed probes: the chance that a bad commit passes every probe of the search."""
     seed: int = 0
 
+    def bad_end_plan(self) -> ProbePlan:
+        """The first probe of a search, of the bad end: up to two rounds, bad at the first corruption."""
+        return ProbePlan("fixed", self.round_sessions, 2 * self.round_sessions, max(0.5, self.min_bad_rate),
+                         self.good_rate, self.alpha, self.beta)
+
     def plan(self, bad_rate: float, steps: int) -> ProbePlan:
         """The plan of one probe when the bad rate is thought to be `bad_rate`, in a search over `steps` items.
 
