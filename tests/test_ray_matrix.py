@@ -34,7 +34,10 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[tuple[Cluster, dict[str, str]]]:
     """Two Ray nodes on this machine, `node_a` (the head) and `node_b`, each with its own custom resource."""
-    made = Cluster(initialize_head=True, head_node_args={**NODE_ARGS, "resources": {"node_a": 1}})
+    # Health checks every 0.5 s: a killed node is known dead in seconds, not half a minute.
+    health = {"health_check_period_ms": 500, "health_check_failure_threshold": 3}
+    made = Cluster(initialize_head=True,
+                   head_node_args={**NODE_ARGS, "resources": {"node_a": 1}, "_system_config": health})
     try:
         worker = made.add_node(**NODE_ARGS, resources={"node_b": 1})
         made.wait_for_nodes()
@@ -162,3 +165,44 @@ def ray_cpus_free(address: str) -> float:
         capture_output=True, text=True, timeout=60,
     )
     return float(probe.stdout.strip().splitlines()[-1]) if probe.returncode == 0 and probe.stdout.strip() else -1.0
+
+
+def test_a_lost_node_fails_only_its_runs_and_resume_completes_them(
+    cluster: tuple[Cluster, dict[str, str]], tmp_path: Path
+) -> None:
+    # Last in the module: it kills node_b (and starts a new one for the resume).
+    made, nodes = cluster
+    mark = uuid.uuid4().hex
+    spec = spec_file(tmp_path, "lost", mark, sessions=8, concurrency=2, turns=10)
+    matrix = tmp_path / "m"
+    args = ["matrix", str(spec), "--out", str(matrix), "--no-cell-reports", "--keep-going",
+            "--executor", "ray", "--ray-address", made.address]
+    proc = repro(args, tmp_path / "m.log")
+    try:
+        poll(lambda: len(marked_pids(mark)) >= 2, 120, "a server on each node")
+        (worker,) = made.worker_nodes
+        made.remove_node(worker, allow_graceful=False)
+        assert proc.wait(timeout=240) == 3, (tmp_path / "m.log").read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=120)
+    records = [json.loads(line) for line in (matrix / "progress.jsonl").read_text().splitlines()]
+    by_status = {r["key"]: r["status"] for r in records}
+    assert {k for k, s in by_status.items() if s == "failed"} == {k for k in by_status if k.startswith("hicache-on")}
+    assert all(r["node"]["ray_node_id"] == nodes["node_a"] for r in records if r["status"] == "finished")
+    assert "Ray task ended without a result" in next(r["message"] for r in records if r["status"] == "failed")
+    # The killed node's servers were swept by their launcher's reaper.
+    poll(lambda: not marked_pids(mark), 30, "the lost node's servers to end")
+
+    replacement = made.add_node(**NODE_ARGS, resources={"node_b": 1})
+    made.wait_for_nodes()
+    resumed = repro([*args, "--resume"], tmp_path / "resume.log")
+    assert resumed.wait(timeout=240) == 0, (tmp_path / "resume.log").read_text()[-3000:]
+    final = {}
+    for line in (matrix / "progress.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        final[record["key"]] = record
+    assert len(final) == 4 and all(r["status"] == "finished" for r in final.values())
+    assert {r["node"]["ray_node_id"] for k, r in final.items() if k.startswith("hicache-on")} == {replacement.node_id}
+    assert not marked_pids(mark)

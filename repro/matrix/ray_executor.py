@@ -35,6 +35,8 @@ from repro.node import where
 
 CANCEL_GRACE_S = 60.0
 """After Ctrl-C, how long the tasks get to stop their deployments before they are killed."""
+UNPLACEABLE_AFTER_S = 10.0
+"""A run no live node can take fails after this long (an autoscaler may add such a node meanwhile)."""
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 LOCAL_ONLY_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 RAY_NAMES = {"CPU": "num_cpus", "GPU": "num_gpus", "memory": "memory"}
@@ -101,14 +103,38 @@ def _unpack(archive: bytes, path: Path) -> None:
         tar.extractall(path, filter="data")  # refuses absolute paths, links out of the directory, devices
 
 
-def _failed(run: PlannedRun, resources: dict[str, float], err: BaseException) -> CellRun:
-    detail = str(err).strip().splitlines()
-    cause = detail[0] if detail else ""
+def _failed(run: PlannedRun, resources: dict[str, float], err: BaseException | None) -> CellRun:
+    """The record of a run whose task ended without one (`err`), or that no live node can take (None)."""
+    if err is None:
+        message = (f"no live node of the cluster has the resources this run asks for ({resources}) "
+                   f"for {UNPLACEABLE_AFTER_S:g}s")
+    else:
+        detail = str(err).strip().splitlines()
+        message = f"the Ray task ended without a result ({type(err).__name__}: {detail[0] if detail else ''})"
     return CellRun(
         key=run.key, cell=run.cell.as_dict(), replicate=run.replicate, order=run.order, status="failed",
-        message=f"the Ray task ended without a result ({type(err).__name__}: {cause}); resources {resources}",
-        node=None,
+        message=f"{message}; resources {resources}", node=None,
     )
+
+
+def _fits(asked: dict[str, float], node: dict[str, float]) -> bool:
+    return all(node.get(name, 0.0) >= amount for name, amount in asked.items() if amount > 0)
+
+
+def _unplaceable(
+    ray: Any, refs: dict[Any, PlannedRun], ready: list[Any], asked: dict[str, dict[str, float]], since: dict[Any, float]
+) -> list[Any]:
+    """Tasks that no live node could run for UNPLACEABLE_AFTER_S: Ray would keep them pending for ever
+    (the node that had the resource died, or none ever had it)."""
+    totals = [node["Resources"] for node in ray.nodes() if node.get("Alive")]
+    now = time.monotonic()
+    out = []
+    for ref, run in refs.items():
+        if ref in ready or any(_fits(asked[run.key], node) for node in totals):
+            since.pop(ref, None)
+        elif now - since.setdefault(ref, now) >= UNPLACEABLE_AFTER_S:
+            out.append(ref)
+    return out
 
 
 def execute_on_ray(
@@ -130,9 +156,14 @@ def execute_on_ray(
         remote.options(**task_options(asked[run.key]), name=f"repro-{run.key}").remote(spec, run, total, cell_reports): run
         for run in pending
     }
+    unplaceable: dict[Any, float] = {}
     try:
         while refs:
             ready, _ = ray.wait(list(refs), num_returns=1, timeout=1.0)
+            for ref in _unplaceable(ray, refs, ready, asked, unplaceable):
+                run = refs.pop(ref)
+                ray.cancel(ref, force=False)
+                yield run, _failed(run, asked[run.key], None)
             for ref in ready:
                 run = refs.pop(ref)
                 try:
