@@ -16,7 +16,8 @@ import pytest
 import yaml
 
 from repro.matrix.ray_executor import task_options
-from repro.matrix.spec import ResourcesSpec, SpecLoader
+from repro.errors import UsageError
+from repro.matrix.spec import ResourcesSpec, SpecLoader, load_spec
 
 # A cluster bound to loopback only: without this, Ray resolves 127.0.0.1 to the machine's outward address.
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
@@ -36,8 +37,10 @@ def cluster() -> Iterator[tuple[Cluster, dict[str, str]]]:
     """Two Ray nodes on this machine, `node_a` (the head) and `node_b`, each with its own custom resource."""
     # Health checks every 0.5 s: a killed node is known dead in seconds, not half a minute.
     health = {"health_check_period_ms": 500, "health_check_failure_threshold": 3}
+    # node_a takes both its runs at once; node_b one at a time, so a lost node_b leaves one of its runs
+    # pending with no node to take it.
     made = Cluster(initialize_head=True,
-                   head_node_args={**NODE_ARGS, "resources": {"node_a": 1}, "_system_config": health})
+                   head_node_args={**NODE_ARGS, "num_cpus": 2, "resources": {"node_a": 1}, "_system_config": health})
     try:
         worker = made.add_node(**NODE_ARGS, resources={"node_b": 1})
         made.wait_for_nodes()
@@ -92,6 +95,25 @@ def test_resources_become_ray_task_options() -> None:
     assert asked == {"CPU": 2, "GPU": 8, "h100": 1}
     assert task_options(asked) == {"num_cpus": 2, "num_gpus": 8, "resources": {"h100": 1}}
     assert task_options(spec.for_cell({"tp": "4"})) == {"num_cpus": 2, "num_gpus": 8}
+
+
+@pytest.mark.parametrize(
+    ("resources", "expected"),
+    [
+        ({"levels": {"nope": {"on": {"x": 1}}}}, "resources.levels.nope: no factor named 'nope'"),
+        ({"levels": {"hicache": {"maybe": {"x": 1}}}}, "factor 'hicache' has no level 'maybe'"),
+        ({"run": {"GPU": -1}}, "resources.run.GPU"),
+    ],
+)
+def test_a_bad_resources_section_is_one_line_naming_it(resources: dict, expected: str, tmp_path: Path) -> None:
+    spec = yaml.load(SIM_SPEC.read_text(encoding="utf-8"), Loader=SpecLoader)
+    spec["load"]["workload"] = str(ROOT / "experiments" / "agentic_coding.yaml")
+    spec["resources"] = resources
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False), encoding="utf-8")
+    with pytest.raises(UsageError) as caught:
+        load_spec(path)
+    assert expected in str(caught.value) and "\n" not in str(caught.value)
 
 
 def test_cells_run_on_the_nodes_their_resources_name_with_the_local_verdicts(
@@ -155,7 +177,7 @@ def test_sigint_cancels_every_task_and_leaves_no_server(cluster: tuple[Cluster, 
         json.loads(line)["status"] == "finished" for line in (tmp_path / "m" / "progress.jsonl").read_text().splitlines()
     )
     # The cluster is fine afterwards: nothing holds its CPUs.
-    poll(lambda: ray_cpus_free(made.address) == 2, 60, "the cluster's CPUs to be free again")
+    poll(lambda: ray_cpus_free(made.address) == 3, 60, "the cluster's CPUs to be free again")
 
 
 def ray_cpus_free(address: str) -> float:
@@ -173,7 +195,7 @@ def test_a_lost_node_fails_only_its_runs_and_resume_completes_them(
     # Last in the module: it kills node_b (and starts a new one for the resume).
     made, nodes = cluster
     mark = uuid.uuid4().hex
-    spec = spec_file(tmp_path, "lost", mark, sessions=8, concurrency=2, turns=10)
+    spec = spec_file(tmp_path, "lost", mark, sessions=4, concurrency=2, turns=10)
     matrix = tmp_path / "m"
     args = ["matrix", str(spec), "--out", str(matrix), "--no-cell-reports", "--keep-going",
             "--executor", "ray", "--ray-address", made.address]
@@ -191,11 +213,13 @@ def test_a_lost_node_fails_only_its_runs_and_resume_completes_them(
     by_status = {r["key"]: r["status"] for r in records}
     assert {k for k, s in by_status.items() if s == "failed"} == {k for k in by_status if k.startswith("hicache-on")}
     assert all(r["node"]["ray_node_id"] == nodes["node_a"] for r in records if r["status"] == "finished")
-    assert "Ray task ended without a result" in next(r["message"] for r in records if r["status"] == "failed")
+    messages = sorted(r["message"] for r in records if r["status"] == "failed")
+    assert "no live node of the cluster has the resources" in messages[0]  # queued behind the lost run
+    assert "the Ray task ended without a result (NodeDiedError" in messages[1]
     # The killed node's servers were swept by their launcher's reaper.
     poll(lambda: not marked_pids(mark), 30, "the lost node's servers to end")
 
-    replacement = made.add_node(**NODE_ARGS, resources={"node_b": 1})
+    replacement = made.add_node(**{**NODE_ARGS, "num_cpus": 2}, resources={"node_b": 1})
     made.wait_for_nodes()
     resumed = repro([*args, "--resume"], tmp_path / "resume.log")
     assert resumed.wait(timeout=240) == 0, (tmp_path / "resume.log").read_text()[-3000:]
