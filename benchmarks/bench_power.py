@@ -1,4 +1,4 @@
-"""Time exact power and sample size for statistics.md's design (12% vs 1%), cold caches, and print the numbers.
+"""Time exact power and sample size for docs/statistics.md's design (12% vs 1%), cold caches, and print the numbers.
 
 Run: .venv/bin/python benchmarks/bench_power.py
 """

@@ -4,7 +4,7 @@ Standard library only, no I/O. `check(message, finish_reason=, tools=, tool_choi
 ("clean", "corrupt" on any hard finding, "suspect" on soft ones only) with its `Finding`s; `RULES` lists every
 rule id with its severity and description; `check_raw(raw, …)` judges the text the model generated against
 DeepSeek's reference grammar (the "raw-*" rules) and then as the message a faithful parser would make of it; `StreamAccumulator` rebuilds a streamed message so it is judged
-whole. `render_calls`/`parse_calls`/`split_completion` write and read the DeepSeek formats (dsml-format.md);
+whole. `render_calls`/`parse_calls`/`split_completion` write and read the DeepSeek formats (docs/dsml-format.md);
 `encode_messages` renders a whole conversation as DeepSeek's reference encoders do (V4, V4.1, V3.2).
 """
 

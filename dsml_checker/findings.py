@@ -17,7 +17,7 @@ class Rule(NamedTuple):
 
 
 RULES: dict[str, Rule] = {
-    # content and reasoning_content (dsml-format.md §5, rules 1–6 and 9)
+    # content and reasoning_content (docs/checker-rules.md)
     "sentinel": Rule("hard", "the DSML sentinel ｜DSML｜ appears in text outside a code span or fence"),
     "sentinel-variant": Rule("hard", "a garbled sentinel (ASCII, doubled or ‖ bars, spaces, other case, misspelt) next to a DSML tag word"),
     "wrapper-tag": Rule("hard", "a tool-call block opener or closer, exact or misspelled, appears in text"),
@@ -43,7 +43,7 @@ RULES: dict[str, Rule] = {
     "tool-choice-none": Rule("hard", 'tool_choice was "none" but the turn carries tool calls or tool-call markup'),
     "tool-choice-required": Rule("hard", 'tool_choice was "required" or a named function but there are no tool_calls'),
     "tool-choice-mismatch": Rule("hard", "tool_choice named a function but another function was called"),
-    # what today's parsers make of damaged text (real-parsers.md §2c); hard, because each changes what the agent
+    # what today's parsers make of damaged text (docs/parser-recall.md); hard, because each changes what the agent
     # acts on, and each has a clean look-alike kept out by its threshold
     "duplicate-call": Rule("hard", "the same call (name, equal non-empty arguments) twice in one turn: a re-sent block parsed twice"),
     "reasoning-replayed": Rule("hard", "the content holds the reasoning (whole, 48+ characters, or a cut replay of 200+)"),

@@ -1,6 +1,6 @@
 """Render DeepSeek tool calls as model text (V4, V3.2, V4.1 DSML; V3/V3.1 special tokens) and parse it back.
 
-Strict mode follows DeepSeek's reference grammar byte for byte (dsml-format.md §2); tolerant mode accepts
+Strict mode follows DeepSeek's reference grammar byte for byte (docs/dsml-format.md, "DeepSeek-V4"); tolerant mode accepts
 what SGLang's detector accepts: JSON invoke bodies, self-closing invokes, loose whitespace between tags.
 """
 
@@ -293,7 +293,7 @@ def _parse_tolerant_body(body: str, offset: int, tags: DsmlTags, pats: _Tolerant
         if flag == "true":
             args[key] = raw
         else:
-            # SGLang keeps the raw string when a string="false" value is not JSON (dsml-format.md §4).
+            # SGLang keeps the raw string when a string="false" value is not JSON (docs/dsml-format.md).
             try:
                 args[key] = json.loads(raw)
             except (ValueError, RecursionError):

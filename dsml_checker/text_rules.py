@@ -383,7 +383,7 @@ def _add_controls(found: list[tuple[int, int]], out: _Collector) -> None:
 def scan_text(
     text: str, encoded: bytes, field: str, *, reasoning: bool, tools_offered: bool
 ) -> tuple[list[Finding], bool]:
-    """Apply the text rules of dsml-format.md §5 to one field of a message; `encoded` is the text as UTF-8.
+    """Apply the text rules (docs/checker-rules.md) to one field of a message; `encoded` is the text as UTF-8.
 
     Returns the findings and whether unquoted tool-call markup was among them (for the finish_reason rules).
     """

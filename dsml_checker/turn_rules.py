@@ -1,4 +1,4 @@
-"""Rules for the damage today's parsers leave in a parsed message (real-parsers.md §2c): calls returned twice,
+"""Rules for the damage today's parsers leave in a parsed message (docs/parser-recall.md): calls returned twice,
 reasoning replayed into the answer, bare XML tool tags, a re-sent streaming buffer, an empty turn, and, when
 the raw text is at hand, calls or parameters the parser lost.
 
@@ -256,7 +256,7 @@ def lost_calls(raw: str, calls: list[tuple[str, dict[str, Any] | None]]) -> list
 def _cut_value(invoke: ShownInvoke, args: dict[str, Any]) -> str | None:
     """The first string argument that the parser cut short: a proper prefix of the value the raw text shows.
 
-    Both sides are stripped first, since SGLang's detectors strip string values (real-parsers.md §1)."""
+    Both sides are stripped first, since SGLang's detectors strip string values (docs/dsml-format.md, "What the servers' parsers accept")."""
     for key, shown_value in invoke.strings:
         value = args.get(key)
         if isinstance(value, str):

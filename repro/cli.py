@@ -21,6 +21,12 @@ app = typer.Typer(
 )
 sim_app = typer.Typer(help="The embedded DeepSeek-V4 SGLang simulator.", no_args_is_help=True)
 app.add_typer(sim_app, name="sim")
+from repro.bisect.cli import bisect_app, probe_command  # noqa: E402 - light: the searches load inside its commands
+
+app.add_typer(bisect_app, name="bisect")
+app.command("probe")(probe_command)
+trace_app = typer.Typer(help="Trace files: recorded conversations that `repro run --workload X.jsonl` replays.", no_args_is_help=True)
+app.add_typer(trace_app, name="trace")
 
 
 def _version(value: bool) -> None:
@@ -113,14 +119,14 @@ def run_command(
     sessions: int | None = typer.Option(None, "--sessions", help="Number of sessions (default: 60)."),
     concurrency: int | None = typer.Option(None, "--concurrency", help="Sessions at once (default: all)."),
     ramp_up: float | None = typer.Option(None, "--ramp-up", help="Spread session starts over SECONDS (default: 0)."),
-    turns: int | None = typer.Option(None, "--turns", help="Maximum turns per session (default: 12)."),
+    turns: int | None = typer.Option(None, "--turns", help="Maximum turns per session (default: 12; a trace: every recorded turn)."),
     timeout: float | None = typer.Option(None, "--timeout", help="Whole-session budget, seconds (default: 180)."),
     turn_timeout: float | None = typer.Option(None, "--turn-timeout", help="One request's budget, seconds (default: 120)."),
     stall_timeout: float | None = typer.Option(None, "--stall-timeout", help="No bytes this long: wedged (default: 30)."),
     max_turn_bytes: int | None = typer.Option(
         None, "--max-turn-bytes", help="Cut a response longer than this and call the turn an error (default: 64 MiB)."
     ),
-    workload: Path | None = typer.Option(None, "--workload", help="Workload YAML (default: experiments/agentic_coding.yaml)."),
+    workload: Path | None = typer.Option(None, "--workload", help="Workload YAML, or a trace of recorded conversations (.jsonl) to replay (default: experiments/agentic_coding.yaml)."),
     seed: int | None = typer.Option(None, "--seed", help="Seed of the session tasks (default: 0)."),
     name: str | None = typer.Option(None, "--name", help="Run name (default: the workload's)."),
     out: Path | None = typer.Option(None, "--out", help="Run directory (default: reports/<timestamp>-<name>/)."),
@@ -130,6 +136,12 @@ def run_command(
     max_corruption_rate: float | None = typer.Option(
         None, "--max-corruption-rate", help="Gate the run: exit 1 unless the rate is shown below this."
     ),
+    until_decided: bool | None = typer.Option(
+        None, "--until-decided", help="Run in waves of --concurrency; stop once the gate's answer is known (--sessions caps)."
+    ),
+    confidence: float | None = typer.Option(None, "--confidence", help="Confidence of the gate and the stopping rule (default: 0.95)."),
+    baseline: Path | None = typer.Option(None, "--baseline", help="With --until-decided: stop once an increase over this finished run is shown, or shown under --margin."),
+    margin: float | None = typer.Option(None, "--margin", help="With --baseline: an increase shown under this passes (default: 0.05)."),
     observe: str | None = typer.Option(
         None, "--observe", help="Judge raw|parsed|both: the model's raw text, the parsed message, or both (default: both where the target shows raw text)."
     ),
@@ -138,6 +150,9 @@ def run_command(
     ),
     client_parser: str | None = typer.Option(
         None, "--client-parser", help="Server parser emulated over a raw endpoint's text (default: sglang-0.5.23)."
+    ),
+    replay: str | None = typer.Option(
+        None, "--replay", help="With a trace (.jsonl) workload: fast (default) or timing (keep the recorded gaps between turns)."
     ),
     workers: int | None = typer.Option(None, "--workers", help="Shard the sessions across N local processes (default: 1)."),
     config: Path | None = typer.Option(None, "--config", help="YAML file of these options; the command line wins."),
@@ -170,6 +185,88 @@ def matrix_command(
         executor=executor, ray_address=ray_address,
     )
     raise typer.Exit(result.exit_code)
+
+
+@app.command("sweep")
+def sweep_command(
+    concurrency: str = typer.Option("1,8,16,32,60", "--concurrency", help="Levels: 1,8,16,32,60 or a range 1-64:x2 / 8-64:+8."),
+    sessions: int = typer.Option(60, "--sessions", help="Sessions per level."),
+    base_url: str | None = typer.Option(None, "--base-url", help="OpenAI base URL (…/v1); none: one embedded simulator for all levels."),
+    sim_args: str | None = typer.Option(None, "--sim-args", help="More flags for the embedded simulator."),
+    spec: Path | None = typer.Option(None, "--spec", help="Launch this matrix spec's deployment (once) for --cell."),
+    cell: list[str] = typer.Option([], "--cell", help="With --spec: FACTOR=LEVEL for every factor (repeatable)."),
+    var: list[str] = typer.Option([], "--var", help="With --spec: set a spec variable, NAME=VALUE (repeatable)."),
+    out: Path | None = typer.Option(None, "--out", help="Sweep directory (default: reports/<timestamp>-sweep/)."),
+    confidence: float = typer.Option(0.95, "--confidence", help="Confidence of the intervals; 1 minus the tests' alpha."),
+    timeout: float | None = typer.Option(None, "--timeout", help="Whole-session budget, seconds (default: 180)."),
+    workload: Path | None = typer.Option(None, "--workload", help="Workload YAML (default: experiments/agentic_coding.yaml)."),
+    seed: int | None = typer.Option(None, "--seed", help="Seed of the session tasks (default: 0)."),
+    api_key_env: str | None = typer.Option(None, "--api-key-env", help="Environment variable holding the API key."),
+) -> None:
+    """Run the same workload at several concurrencies on one deployment; report the corruption onset."""
+    import shlex
+
+    from repro.matrix.spec import parse_assignments
+    from repro.sweep import SpecDeployment, parse_levels, run_sweep
+
+    if (cell or var) and spec is None:
+        raise UsageError("--cell and --var choose a matrix spec's deployment: give --spec too")
+    options = {"timeout": timeout, "workload": workload, "seed": seed, "api_key_env": api_key_env}
+    try:
+        cells = parse_assignments(cell)
+    except UsageError as err:
+        raise UsageError(str(err).replace("--var", "--cell", 1)) from None
+    target = SpecDeployment(spec, cells, parse_assignments(var)) if spec is not None else None
+    run_sweep(
+        parse_levels(concurrency), sessions=sessions, out=out, base_url=base_url,
+        sim_args=shlex.split(sim_args or ""), spec=target, confidence=confidence,
+        run_options={key: value for key, value in options.items() if value is not None},
+    )
+@app.command("export")
+def export_command(
+    run_dir: Path = typer.Argument(..., help="The run directory to export."),
+    fmt: str = typer.Option("csv", "--format", help="csv or jsonl."),
+    output: Path | None = typer.Option(None, "--output", "-o", help="File to write (default: stdout)."),
+) -> None:
+    """One row per turn (session, turn, outcome, rules, latencies, tokens) as CSV or JSON lines."""
+    from repro.export import render, write
+    from repro.store import check_output, load_run
+
+    if fmt not in ("csv", "jsonl"):
+        raise UsageError(f"export --format {fmt}: expected csv or jsonl")
+    if output is not None:
+        check_output(output, [run_dir], "--output")
+    write(render(load_run(run_dir), fmt), output)  # type: ignore[arg-type]
+
+
+@app.command("schema")
+def schema_command(
+    name: str | None = typer.Argument(None, help="Schema to print: run, workload, trace, matrix, manifest, session, summary, …"),
+    write: Path | None = typer.Option(None, "--write", help="Write every schema to DIR/<name>.json instead."),
+) -> None:
+    """Print the JSON Schema of a file repro reads or writes (--write DIR: all of them)."""
+    from repro.schemas import SCHEMAS, render, write_all
+
+    if write is not None:
+        for path in write_all(write):
+            typer.echo(f"schema: wrote {path}")
+    elif name is None:
+        for entry in SCHEMAS.values():
+            typer.echo(f"{entry.name:14} {entry.file}")
+    else:
+        typer.echo(render(name), nl=False)
+
+
+@trace_app.command("convert")
+def trace_convert(
+    log: Path = typer.Argument(..., help="JSON lines of {\"request\": chat request body, \"response\": chat.completion}."),
+    output: Path = typer.Option(..., "--output", "-o", help="The trace file to write (.jsonl)."),
+) -> None:
+    """Rebuild the conversations of an OpenAI request/response log as a trace file."""
+    from repro.trace_convert import convert
+
+    calls, conversations = convert(log, output)
+    typer.echo(f"trace convert: {calls} calls, {conversations} conversations: wrote {output}")
 
 
 @sim_app.command(

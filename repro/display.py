@@ -36,11 +36,13 @@ def progress_line(progress: LoadProgress) -> str:
         f"clean {outcomes['clean']}, corrupt {outcomes['corrupt']}, timeout {outcomes['timeout']}, "
         f"error {outcomes['error']}, wedged {progress.wedged}; in flight {progress.in_flight}; "
         f"{progress.turns} turns ({progress.turns_per_s:.1f}/s)"
+        + (f"; stopping rule: {progress.stopping}" if progress.stopping else "")
     )
 
 
 def _live_view(progress: LoadProgress) -> Table:
-    table = Table(title="repro run", show_header=True, header_style="bold")
+    caption = escape(f"stopping rule: {progress.stopping}") if progress.stopping else None
+    table = Table(title="repro run", caption=caption, show_header=True, header_style="bold")
     for column in ("finished", "clean", "corrupt", "timeout", "error", "wedged", "in flight", "turns/s", "elapsed"):
         table.add_column(column, justify="right")
     outcomes = progress.outcomes
@@ -116,6 +118,10 @@ def final_view(summary: Summary, run_dir: Path) -> Group:
         rates.add_row("judged", escape(_JUDGED.get(summary.observe, summary.observe) + source))
     if summary.parser_effect is not None:
         rates.add_row("hidden by the parser", escape(summary.parser_effect.describe()))
+    if summary.stopping is not None:
+        stop = summary.stopping
+        rates.add_row("stopped", escape(f"{stop.decision} after {stop.sessions} of {stop.cap} sessions "
+                                        f"({stop.looks} look{'s' if stop.looks != 1 else ''}): {stop.reason}"))
     if summary.inconclusive:
         rates.add_row("[yellow]inconclusive[/]", escape("; ".join(summary.inconclusive_reasons)))
     lag = summary.loop_lag

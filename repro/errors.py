@@ -1,4 +1,4 @@
-"""The harness's error types and the exit codes of design.md, so every command fails the same way."""
+"""The harness's error types and the exit codes of docs/troubleshooting.md, so every command fails the same way."""
 
 from __future__ import annotations
 

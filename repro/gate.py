@@ -1,10 +1,11 @@
 """`repro gate`: pass, fail or inconclusive for one run against a tolerated corruption rate (and a baseline).
 
 Pure evaluation over loaded runs; the CLI prints the lines and exits with the code. Exit codes follow
-design.md: 0 passed, 1 failed (the rate is shown to exceed the limit or the baseline), 125 inconclusive
+docs/troubleshooting.md: 0 passed, 1 failed (the rate is shown to exceed the limit or the baseline), 125 inconclusive
 (so `git bisect run` skips), 2 bad input (a UsageError before any check). A run that did not finish
 (no summary, interrupted, fewer sessions recorded than planned) or whose records are damaged is
-inconclusive, never a pass: its evidence is partial or unusable.
+inconclusive, never a pass: its evidence is partial or unusable. A `repro run --until-decided` run that
+stopped because it was decided is finished; its rate check replays the run's looks (repro.stopping).
 """
 
 from __future__ import annotations
@@ -80,6 +81,10 @@ def _finished(run: Run, *, allow_partial: bool) -> GateCheck:
     elif summary.interrupted:
         why = [reason for reason in summary.inconclusive_reasons if reason.startswith("the run ")]
         problem = f"the run did not finish: {why[0] if why else 'interrupted'}; {recorded} sessions recorded"
+    elif summary.stopping is not None and summary.stopping.decision != "undecided" and recorded == summary.stopping.sessions:
+        numbers["stopped"] = summary.stopping.decision
+        return GateCheck("finished", "pass", f"finished: ok: stopped when decided ({summary.stopping.decision}) after "
+                         f"{recorded} sessions (cap {planned})", numbers)
     elif isinstance(planned, int) and recorded < planned:
         problem = f"only {recorded} of {planned} planned sessions recorded"
     elif summary.sessions != len(run.sessions):
@@ -141,6 +146,47 @@ def _rate(counts: OutcomeCounts, *, limit: float, confidence: float) -> GateChec
                      "run more sessions", numbers)
 
 
+def _sequential_rate(run: Run, *, limit: float, confidence: float, min_completed: int) -> GateCheck:
+    """The rate check of a `--until-decided` run: its looks replayed from sessions.jsonl under the gate's own
+    limit and confidence. The confidence sequence is valid at every look at once, so the verdict keeps its
+    error rate whatever made the run stop (repro.stopping)."""
+    from repro.stopping import StoppingRule, replay, waves_of
+
+    assert run.summary is not None and run.summary.stopping is not None
+    rule = StoppingRule(limit=limit, confidence=confidence, min_completed=min_completed)
+    looks = replay(rule, waves_of(run.sessions, run.summary.stopping.wave))
+    last = looks[-1] if looks else rule.look(0, 0, 0)
+    numbers = {"k": last.corrupt, "n": last.completed, "lower": last.low, "upper": last.high, "limit": limit,
+               "confidence": confidence, "looks": len(looks), "method": "confidence sequence"}
+    line = f"looks replayed: {len(looks)}; {rule.describe(last)}"
+    if last.decision == "fail":
+        return GateCheck("corruption-rate", "fail", f"corruption-rate: FAIL: {line}", numbers)
+    if last.decision == "pass":
+        return GateCheck("corruption-rate", "pass", f"corruption-rate: PASS: {line}", numbers)
+    return GateCheck("corruption-rate", "inconclusive", f"corruption-rate: INCONCLUSIVE: {line}: run more sessions",
+                     numbers)
+
+
+def _sequential_baseline(run: Run, base: Run, *, confidence: float) -> GateCheck:
+    """The baseline check of a run that stopped against a baseline: its group-sequential looks replayed, each at
+    alpha over the planned looks (repro.stopping), so stopping early does not raise the error rate."""
+    from repro.stopping import BaselineRule, max_looks, replay, waves_of
+
+    assert run.summary is not None and run.summary.stopping is not None
+    stop = run.summary.stopping
+    ref = OutcomeCounts.of(base.sessions)
+    rule = BaselineRule(baseline_corrupt=ref.corrupt, baseline_completed=ref.completed,
+                        max_looks=max_looks(stop.cap, stop.wave), margin=stop.margin or 0.05,
+                        confidence=confidence, baseline=base.name)
+    looks = replay(rule, waves_of(run.sessions, stop.wave))
+    last = looks[-1] if looks else rule.look(0, 0, 0)
+    numbers = {"k": last.corrupt, "n": last.completed, "baseline_k": ref.corrupt, "baseline_n": ref.completed,
+               "baseline": base.name, "p_boschloo": last.p_value, "looks": len(looks), "max_looks": rule.max_looks}
+    line = f"looks replayed: {len(looks)} of at most {rule.max_looks}; {rule.describe(last)}"
+    status: CheckStatus = "fail" if last.decision == "fail" else "pass" if last.decision == "pass" else "inconclusive"
+    return GateCheck("baseline", status, f"baseline: {status.upper()}: {line}", numbers)
+
+
 def _baseline(counts: OutcomeCounts, base: Run, *, confidence: float) -> GateCheck:
     ref = OutcomeCounts.of(base.sessions)
     k, n, kb, nb = counts.corrupt, counts.completed, ref.corrupt, ref.completed
@@ -193,14 +239,19 @@ def evaluate(
     except DamagedRun as err:
         return GateResult(EXIT_INCONCLUSIVE, [GateCheck("records", "inconclusive", f"records: INCONCLUSIVE: {err}")])
     counts = OutcomeCounts.of(run.sessions)
+    # A zero limit is judged as always (any corrupt session fails, none passes): stopping early cannot bias that.
+    sequential = run.summary is not None and run.summary.stopping is not None and max_corruption_rate > 0
     checks = [
         _finished(run, allow_partial=allow_partial),
         _evidence(counts, threshold=max_corruption_rate, confidence=confidence, min_completed=min_completed,
                   max_timeout_rate=timeout_limit),
-        _rate(counts, limit=max_corruption_rate, confidence=confidence),
+        _sequential_rate(run, limit=max_corruption_rate, confidence=confidence, min_completed=min_completed)
+        if sequential else _rate(counts, limit=max_corruption_rate, confidence=confidence),
     ]
     if base is not None:
-        checks.append(_baseline(counts, base, confidence=confidence))
+        stop = run.summary.stopping if run.summary is not None else None
+        checks.append(_sequential_baseline(run, base, confidence=confidence) if stop is not None and stop.baseline
+                      else _baseline(counts, base, confidence=confidence))
     statuses = {c.status for c in checks}
     code = EXIT_FAILED if "fail" in statuses else EXIT_INCONCLUSIVE if "inconclusive" in statuses else EXIT_OK
     return GateResult(code, checks)

@@ -39,6 +39,8 @@ class LoadProgress:
     turns: int = 0
     outcomes: Counter[str] = field(default_factory=Counter)
     wedged: int = 0
+    stopping: str = ""
+    """The stopping rule's last look, for a `--until-decided` run."""
     t0: float = field(default_factory=time.perf_counter)
 
     @property

@@ -1,6 +1,6 @@
 """Records of the run directory: what `repro run` writes and what report, gate and matrix read.
 
-These models are the contract of design.md ("Run directory", "Outcomes"). Field names are part of
+These models are the contract of docs/run-directory.md and docs/concepts.md (outcomes). Field names are part of
 the on-disk format that other tools read: add fields freely, never rename or remove one.
 
 Stored text is UTF-8: a lone surrogate (JSON may escape one, `"\ud800"`, and non-UTF-8 argv
@@ -82,7 +82,7 @@ class OutcomeCounts:
 
 class _Record(BaseModel):
     # Readers must accept files written by newer versions that added fields.
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", use_attribute_docstrings=True)
 
     # Serialising a lone surrogate to JSON raises, which would lose the record (and the run): scrub what
     # comes in (dict keys of free-form fields included), and what was assigned after construction.
@@ -300,6 +300,29 @@ class ParserEffect(_Record):
         )
 
 
+class StoppingRecord(_Record):
+    """How a `--until-decided` run stopped (repro.stopping): the rule, its looks, what it spent and why."""
+
+    rule: str
+    limit: float | None = None
+    """The tolerated corruption rate; None for a run stopped against a baseline."""
+    confidence: float
+    wave: int
+    """Sessions per wave; the rule looked after each."""
+    cap: int
+    looks: int
+    sessions: int
+    """Sessions spent when it stopped."""
+    decision: Literal["pass", "fail", "undecided"]
+    reason: str
+    low: float
+    high: float
+    """The rule's interval (or bound) at the last look."""
+    baseline: str | None = None
+    margin: float | None = None
+    """Against a baseline: the increase under which the run passes."""
+
+
 class Summary(_Record):
     """summary.json: the run's counts and rates, written at the end (also after Ctrl-C)."""
 
@@ -333,6 +356,8 @@ class Summary(_Record):
     raw_source: str | None = None
     parser_effect: ParserEffect | None = None
     """Set when the run judged raw text (raw and both modes)."""
+    stopping: StoppingRecord | None = None
+    """Set by `repro run --until-decided`."""
 
 
 class Manifest(_Record):

@@ -16,17 +16,16 @@ import platform
 import resource
 import shlex
 import sys
-import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Annotated, Any, Iterator, Literal
 from urllib.parse import urlsplit
 
 import anyio
 import httptools
 import httpx
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema, field_validator, model_validator
 from rich.console import Console
 
 from dsml_checker.server_parsers import DEFAULT_PARSER, PARSERS
@@ -34,6 +33,8 @@ from repro import __version__
 from repro.client import MAX_TURN_BYTES, make_client
 from repro.display import final_view, say, show_progress
 from repro.errors import (
+    EXIT_FAILED,
+    EXIT_INCONCLUSIVE,
     EXIT_INTERRUPTED,
     EXIT_OK,
     ReproError,
@@ -43,19 +44,25 @@ from repro.errors import (
     load_yaml,
     saving,
 )
-from repro.load import LoadProgress, LoadResult, run_load
+from repro.load import LoadProgress, run_load
+from repro.matrix.spec import STRING_OR_LIST
 from repro.metrics import MetricsScraper, metrics_url, server_root
 from repro.node import where
 from repro.observe import ObserveMode, RawEndpoint, thinking_of
 from repro.rawprobe import PROBE_TIMEOUT_S, ProbeRequest, ProbeResult, probe
-from repro.records import Manifest, SessionRecord, Summary
+from repro.records import Manifest, OutcomeCounts, SessionRecord, Summary
+from repro.replay import ReplaySession
 from repro.session import Session, SessionConfig
 from repro.shards import run_sharded
 from repro.sim.launch import start_sim
 from repro.store import METRICS, REPORT, RunWriter, make_run_dir, new_run_dir, slug
+from repro.trace import Trace, is_trace
 from repro.transport import Endpoint, tls_context
-from repro.untrusted import NestingError, json_depth, parse_json
-from repro.workload import Workload, load_workload
+from repro.untrusted import NestingError, get_bounded, json_depth, parse_json
+from repro.workload import Workload, load_scenario
+
+if TYPE_CHECKING:
+    from repro.stopping import BaselineRule, Look, StoppingRule
 
 EMBEDDED_SIM_ARGS = ("--enable-hierarchical-cache", "--index-k-dtype", "bf16", "--enable-metrics", "--enable-cache-report")
 """The seeds' faulty configuration: HiCache on, bf16 index-K, no index-K gate (the fix flag absent); metrics on."""
@@ -65,44 +72,72 @@ TARGET_CHECK_BYTES = 16 * 1024 * 1024
 MAX_RAMP_UP_S = 86_400.0
 """A day: a longer ramp-up is a typo (1e12), and would wait without end for sessions never started."""
 MAX_EXTRA_BODY_DEPTH = 64
+DEFAULT_TURNS = 12
+MAX_REPLAY_TURNS = 1_000_000
+"""A trace replays every recorded turn unless --turns says fewer."""
 
 
 class RunOptions(BaseModel):
     """One field per `repro run` option; the defaults are the CLI's."""
 
     # NaN and infinity are never useful here: `--ramp-up inf` would wait forever.
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
 
     base_url: str | None = None
+    """OpenAI base URL of the target (…/v1); none: the embedded simulator."""
     model: str | None = None
+    """Model name; none: the first of /v1/models."""
     api_key_env: str | None = None
+    """Name of the environment variable holding the API key (sent as a bearer token, never written)."""
     sessions: int = Field(default=60, ge=1, le=100_000)
+    """Number of sessions."""
     concurrency: int | None = Field(default=None, ge=1, le=100_000)
-    """None: all sessions at once."""
+    """Sessions at once; none: all sessions at once."""
     ramp_up: float = Field(default=0.0, ge=0.0, le=MAX_RAMP_UP_S)
-    turns: int = Field(default=12, ge=1, le=1_000)
+    """Spread the session starts over this many seconds."""
+    turns: int | None = Field(default=None, ge=1, le=1_000)
+    """Most turns per session; none: 12 for a workload, every recorded turn of a trace's conversations."""
     timeout: float = Field(default=180.0, gt=0.0)
+    """Whole-session budget, seconds: a session still going then is a timeout."""
     turn_timeout: float = Field(default=120.0, gt=0.0)
+    """One request's budget, seconds."""
     stall_timeout: float = Field(default=30.0, gt=0.0)
+    """A stream silent this many seconds is wedged: the turn ends as a timeout."""
     max_turn_bytes: int = Field(default=MAX_TURN_BYTES, ge=1024)
     """Cap on one response's bytes: a longer one is cut there and the turn is an error."""
     workload: Path | None = None
-    """None: the packaged experiments/agentic_coding.yaml."""
+    """Workload YAML, or a trace (.jsonl) to replay; none: the packaged experiments/agentic_coding.yaml."""
     seed: int = 0
+    """Seed of the session tasks."""
     name: str | None = None
-    """None: the workload's name."""
+    """Run name; none: the workload's name."""
     out: Path | None = None
+    """Run directory; none: reports/<timestamp>-<name>/."""
     stream: bool = True
+    """Stream responses (server-sent events)."""
     extra_body: dict[str, Any] = Field(default_factory=dict)
-    sim_args: list[str] = Field(default_factory=list)
+    """JSON object merged into every request (e.g. `{"chat_template_kwargs": {"thinking": true}}`)."""
+    sim_args: Annotated[list[str], WithJsonSchema(STRING_OR_LIST)] = Field(default_factory=list)
+    """More flags for the embedded simulator (a string is split like a shell)."""
     max_corruption_rate: float | None = Field(default=None, ge=0.0, lt=1.0)
-    """Gate the run at its end (repro.gate): the exit code says pass, fail or inconclusive."""
+    """Gate the run at its end: exit 0 when the rate is shown below this, 1 above, 125 inconclusive."""
     observe: ObserveMode | None = None
-    """Judge the parsed message, the raw generated text, or both; None: both where the target shows raw text."""
+    """Judge the parsed message, the raw generated text, or both; none: both where the target shows raw text."""
     raw_endpoint: RawEndpoint | None = None
-    """Take raw text from this endpoint instead of chat logprobs; None: logprobs when they cover tool calls."""
+    """Take raw text from this endpoint instead of chat logprobs; none: logprobs when they cover tool calls."""
     client_parser: str = DEFAULT_PARSER
     """The server parser emulated client-side over a raw-text endpoint's text (repro.observe)."""
+    until_decided: bool = False
+    """Run in waves of `concurrency` and stop once the gate's answer is known (repro.stopping); `sessions` is the cap."""
+    confidence: float = Field(default=0.95, gt=0.5, lt=1.0)
+    """Confidence of the gate and of the stopping rule."""
+    baseline: Path | None = None
+    """With `until_decided`: stop once an increase over this finished run, or its absence, is shown."""
+    margin: float = Field(default=0.05, gt=0.0, lt=1.0)
+    """Against a baseline: an increase shown to be under this passes."""
+    replay: Literal["fast", "timing"] = "fast"
+    """With a trace workload (.jsonl): send each recorded turn as soon as the last answer is in, or keep the
+    recorded gaps between turns."""
     workers: int = Field(default=1, ge=1, le=256)
     """Worker processes the sessions are sharded across (repro.shards); 1: this process alone."""
 
@@ -171,6 +206,23 @@ class RunOptions(BaseModel):
             raise ValueError("must be the name of an environment variable, not the key itself")
         return value
 
+    @model_validator(mode="after")
+    def _stopping_needs(self) -> "RunOptions":
+        if self.baseline is not None and not self.until_decided:
+            raise ValueError("--baseline needs --until-decided (a finished run is compared by `repro gate --baseline`)")
+        if self.until_decided:
+            if self.max_corruption_rate is None and self.baseline is None:
+                raise ValueError("--until-decided needs --max-corruption-rate or --baseline: the rule stops when "
+                                 "the answer to one of them is decided")
+            if self.concurrency is None or self.concurrency >= self.sessions:
+                raise ValueError("--until-decided needs --concurrency below --sessions: a wave is one concurrency's "
+                                 "worth of sessions, and the rule looks after each")
+        if self.workers > 1 and self.until_decided:
+            raise ValueError("--workers runs the sessions in one wave; --until-decided looks between waves: use one")
+        if self.workers > 1 and is_trace(self.workload):
+            raise ValueError("--workers shards generated sessions; a trace (.jsonl) is replayed in one process")
+        return self
+
     @classmethod
     def parse(cls, data: dict[str, Any], *, source: str = "options") -> "RunOptions":
         """Validate, turning the first problem into a UsageError that names the field."""
@@ -237,15 +289,7 @@ def _headers(options: RunOptions) -> dict[str, str]:
 
 
 def _get(client: httpx.Client, url: str) -> tuple[int, bytes]:
-    """GET `url`: status and body; ValueError when the body outgrows TARGET_CHECK_BYTES or the check's time."""
-    deadline = time.monotonic() + TARGET_CHECK_TIMEOUT_S
-    body = bytearray()
-    with client.stream("GET", url) as response:
-        for piece in response.iter_bytes():
-            body += piece
-            if len(body) > TARGET_CHECK_BYTES or time.monotonic() > deadline:
-                raise ValueError(f"the answer did not end within {TARGET_CHECK_BYTES} bytes and {TARGET_CHECK_TIMEOUT_S:g}s")
-        return response.status_code, bytes(body)
+    return get_bounded(client, url, max_bytes=TARGET_CHECK_BYTES, timeout_s=TARGET_CHECK_TIMEOUT_S)
 
 
 def resolve_target(base_url: str, model: str | None, headers: dict[str, str], *, embedded: bool, sim_args: list[str]) -> Target:
@@ -347,6 +391,26 @@ def ensure_open_files(connections: int) -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
 
 
+@dataclass
+class _Driven:
+    records: list[SessionRecord]
+    interrupted: bool
+    lag: list[float]
+    duration: float
+    worker_lag: list[list[float]]
+    """Per worker process with `--workers`: its own loop-lag samples (all are in `lag` too)."""
+    looks: "list[Look] | None" = None
+    """The stopping rule's looks, for a `--until-decided` run."""
+
+
+def _waves(options: RunOptions) -> list[range]:
+    """Session ids per wave: all at once, or `concurrency` at a time for `--until-decided`."""
+    if not options.until_decided or options.concurrency is None:
+        return [range(options.sessions)]
+    step = options.concurrency
+    return [range(start, min(start + step, options.sessions)) for start in range(0, options.sessions, step)]
+
+
 async def _drive(
     options: RunOptions,
     config: SessionConfig,
@@ -354,12 +418,14 @@ async def _drive(
     console: Console,
     live: bool,
     base_url: str,
-) -> tuple[list[SessionRecord], LoadResult]:
+    rule: "StoppingRule | BaselineRule | None",
+) -> _Driven:
     concurrency = options.concurrency or options.sessions
     records: list[SessionRecord] = []
     progress = LoadProgress(planned=options.sessions)
     origin = progress.t0
     disk_full = anyio.Event()
+    looks: "list[Look]" = []
 
     def on_finish(record: SessionRecord) -> None:
         records.append(record)
@@ -373,6 +439,10 @@ async def _drive(
             disk_full.set()
         return path
 
+    interrupted = False
+    lag: list[float] = []
+    worker_lag: list[list[float]] = []
+    duration = 0.0
     async with (
         make_client(concurrency) as client,
         httpx.AsyncClient(trust_env=False, headers=config.headers, verify=tls_context()) as side_client,
@@ -382,24 +452,63 @@ async def _drive(
         group.start_soon(scraper.run, origin)
         group.start_soon(show_progress, progress, console, live)
 
-        def make_session(index: int) -> Session:
-            return Session(index, config, client, keep_raw=keep_raw, origin=origin)
+        kind = ReplaySession if isinstance(config.workload, Trace) else Session
+        for wave in _waves(options):
 
-        if options.workers > 1:
-            result = await run_sharded(
-                min(options.workers, concurrency, options.sessions), options.sessions, concurrency, config, on_finish, keep_raw,
-                ramp_up=options.ramp_up, progress=progress, stop=disk_full,
-            )
-        else:
-            result = await run_load(
-                options.sessions, concurrency, make_session, on_finish, ramp_up=options.ramp_up, progress=progress,
-                stop=disk_full,
-            )
+            def make_session(index: int, first: int = wave.start) -> Session:
+                return kind(first + index, config, client, keep_raw=keep_raw, origin=origin)
+
+            if options.workers > 1:  # one wave: RunOptions refuses --workers with --until-decided
+                result = await run_sharded(
+                    min(options.workers, concurrency, len(wave)), len(wave), concurrency, config, on_finish, keep_raw,
+                    ramp_up=options.ramp_up, progress=progress, stop=disk_full,
+                )
+            else:
+                result = await run_load(
+                    len(wave), concurrency, make_session, on_finish, ramp_up=options.ramp_up, progress=progress,
+                    stop=disk_full,
+                )
+            lag += result.loop_lag_s
+            worker_lag += result.worker_loop_lag_s
+            duration += result.duration_s
+            interrupted = result.interrupted
+            if interrupted or rule is None:
+                break
+            counts = OutcomeCounts.of(records)
+            looks.append(rule.look(counts.corrupt, counts.completed, len(records)))
+            progress.stopping = f"look {len(looks)}: {rule.describe(looks[-1])}"
+            if looks[-1].decision is not None:
+                break
         group.cancel_scope.cancel()
-        if not result.interrupted:
+        if not interrupted:
             # The counters as the run ends, whatever the scrape interval left out.
             await scraper.scrape_once(origin)
-    return records, result
+    return _Driven(records, interrupted, lag, duration, worker_lag, looks if rule is not None else None)
+
+
+def _stopping_rule(options: RunOptions) -> "StoppingRule | BaselineRule | None":
+    """The `--until-decided` rule: against the baseline when one is given, else against the limit."""
+    if not options.until_decided:
+        return None
+    from repro.stopping import BaselineRule, StoppingRule, max_looks
+
+    if options.baseline is None:
+        assert options.max_corruption_rate is not None  # RunOptions._stopping_needs
+        return StoppingRule(limit=options.max_corruption_rate, confidence=options.confidence)
+    from repro.store import DamagedRun, load_run
+
+    try:
+        base = load_run(options.baseline)
+    except (DamagedRun, UsageError) as err:
+        raise UsageError(f"--baseline: {err}") from None
+    if base.summary is None or base.summary.interrupted:
+        raise UsageError(f"--baseline {options.baseline}: the run did not finish; compare against a finished run")
+    counts = OutcomeCounts.of(base.sessions)
+    return BaselineRule(
+        baseline_corrupt=counts.corrupt, baseline_completed=counts.completed,
+        max_looks=max_looks(options.sessions, options.concurrency or options.sessions), margin=options.margin,
+        confidence=options.confidence, baseline=base.name,
+    )
 
 
 def _versions() -> dict[str, str]:
@@ -419,10 +528,11 @@ def execute_run(
     `report=False` skips `report.html` (a caller that renders reports itself, such as the matrix).
     """
     console = console or Console()
-    loaded = load_workload(options.workload)
+    loaded = load_scenario(options.workload, replay=options.replay)
     headers = _headers(options)
     secrets = [value.removeprefix("Bearer ") for value in headers.values()]
-    name = options.name or loaded.workload.name
+    rule = _stopping_rule(options)  # before anything is made: a bad --baseline is a usage error
+    name = options.name or loaded.name
     run_dir, created = _run_dir(options, name)  # made now: before a simulator starts or a target is asked anything
     ensure_open_files(options.concurrency or options.sessions)
     with contextlib.ExitStack() as stack:
@@ -438,7 +548,7 @@ def execute_run(
             target = resolve_target(base_url, options.model, headers, embedded=False, sim_args=[])
             writer = start.writer = RunWriter(run_dir, secrets=secrets)
             stack.callback(writer.close)
-        config = _session_config(options, target, loaded.workload, headers)
+        config = _session_config(options, target, loaded.scenario, headers)
         observed = _observe(options, config, base_url, headers)
         config = dataclasses.replace(config, observe=observed.plan)
         for warning in observed.warnings:
@@ -467,9 +577,9 @@ def execute_run(
             raise UsageError(f"--out {run_dir}: cannot write the manifest: {err.strerror or err}") from None
         start.done = True
         with saving("the records of the sessions in flight, summary.json and report.html"):
-            records, load = anyio.run(_drive, options, config, writer, console, live, base_url)
+            driven = anyio.run(_drive, options, config, writer, console, live, base_url, rule)
     with saving("summary.json and report.html"):
-        return _save(options, run_dir, writer, manifest, records, load, console, report)
+        return _save(options, run_dir, writer, manifest, driven, rule, console, report)
 
 
 def _save(
@@ -477,8 +587,8 @@ def _save(
     run_dir: Path,
     writer: RunWriter,
     manifest: Manifest,
-    records: list[SessionRecord],
-    load: LoadResult,
+    driven: _Driven,
+    rule: "StoppingRule | BaselineRule | None",
     console: Console,
     report: bool,
 ) -> RunResult:
@@ -489,14 +599,23 @@ def _save(
     from repro.summary import summarize
 
     full = writer.full
-    interrupted = load.interrupted
     observe = manifest.observe or {}
+    records, interrupted, lag, duration = driven.records, driven.interrupted, driven.lag, driven.duration
     summary = summarize(
-        records, loop_lag_s=load.loop_lag_s, worker_loop_lag_s=load.worker_loop_lag_s, duration_s=load.duration_s,
-        interrupted=interrupted, lost=writer.lost,
+        records, loop_lag_s=lag, worker_loop_lag_s=driven.worker_lag, duration_s=duration, interrupted=interrupted,
+        lost=writer.lost,
         stop_reason=None if full is None else f"the run stopped early: cannot write ({full.strerror or full})",
         observe=observe.get("mode"), raw_source=observe.get("raw_source"),
     )
+    stopped = None
+    if rule is not None and driven.looks is not None:
+        from repro.stopping import stopping_record
+
+        stopped = stopping_record(rule, driven.looks, wave=options.concurrency or options.sessions,
+                                  cap=options.sessions, interrupted=interrupted or full is not None)
+        summary = summary.model_copy(update={"stopping": stopped})
+        say(console, f"stopping: {stopped.decision.upper()} after {stopped.sessions} of {stopped.cap} sessions: "
+                     f"{stopped.reason}")
     try:
         writer.write_summary(summary)
         writer.write_manifest(manifest.model_copy(update={"ended_at": _utc_now()}))
@@ -514,8 +633,10 @@ def _save(
         )
     exit_code = EXIT_INTERRUPTED if interrupted else EXIT_OK
     if options.max_corruption_rate is not None:
-        summary, gate_code = _gate(run_dir, summary, options.max_corruption_rate, writer, console)
+        summary, gate_code = _gate(run_dir, summary, options, writer, console)
         exit_code = exit_code if interrupted else gate_code
+    elif stopped is not None and not interrupted:
+        exit_code = {"pass": EXIT_OK, "fail": EXIT_FAILED}.get(stopped.decision, EXIT_INCONCLUSIVE)
     console.print(final_view(summary, run_dir))
     if report:
         with saving("report.html"):
@@ -523,14 +644,14 @@ def _save(
     return RunResult(path=run_dir, summary=summary, exit_code=exit_code)
 
 
-def _session_config(options: RunOptions, target: Target, workload: Workload, headers: dict[str, str]) -> SessionConfig:
+def _session_config(options: RunOptions, target: Target, workload: Workload | Trace, headers: dict[str, str]) -> SessionConfig:
     return SessionConfig(
         url=f"{target.base_url}/chat/completions",
         model=target.model,
         workload=workload,
         seed=options.seed,
         stream=options.stream,
-        turns=options.turns,
+        turns=options.turns or (MAX_REPLAY_TURNS if isinstance(workload, Trace) else DEFAULT_TURNS),
         timeout=options.timeout,
         turn_timeout=options.turn_timeout,
         stall_timeout=options.stall_timeout,
@@ -540,11 +661,13 @@ def _session_config(options: RunOptions, target: Target, workload: Workload, hea
     )
 
 
-def _gate(run_dir: Path, summary: Summary, limit: float, writer: RunWriter, console: Console) -> tuple[Summary, int]:
+def _gate(run_dir: Path, summary: Summary, options: RunOptions, writer: RunWriter, console: Console) -> tuple[Summary, int]:
     """Judge the finished run (issue #5's gate) and keep its verdict in summary.json."""
     from repro.gate import evaluate
 
-    result = evaluate(run_dir, max_corruption_rate=limit)
+    assert options.max_corruption_rate is not None
+    result = evaluate(run_dir, max_corruption_rate=options.max_corruption_rate, confidence=options.confidence,
+                      baseline=options.baseline)
     summary = summary.model_copy(update={"gate": result.as_record()})
     writer.write_summary(summary)
     for line in result.lines():

@@ -1,6 +1,6 @@
 """One agentic session: the turn loop that sends the conversation, judges each answer and runs its tools.
 
-Knows nothing of concurrency: `load` runs many of these. Outcome rules (design.md, "Outcomes"):
+Knows nothing of concurrency: `load` runs many of these. Outcome rules (docs/concepts.md):
 - `corrupt` as soon as one turn is judged corrupt; evidence wins over a later timeout or error.
 - `error` when a request failed in transport, HTTP or stream format.
 - `timeout` when the session budget or a turn's budget ran out, or a stream stalled (`wedged`).
@@ -27,6 +27,7 @@ from repro.client import MAX_TURN_BYTES, TurnResult, send_turn
 from repro.observe import Judgement, ObservePlan, RenderError, finding_records, judge, parse_text, turn_request
 from repro.rawtext import RawText
 from repro.records import SessionRecord, TurnRecord, corrupt_seen
+from repro.trace import Trace
 from repro.transport import Endpoint, HTTPClient
 from repro.workload import Workload
 
@@ -45,7 +46,8 @@ class SessionConfig:
     url: str
     """The chat-completions endpoint."""
     model: str
-    workload: Workload
+    workload: Workload | Trace
+    """A scripted scenario (agentic sessions), or recorded conversations to replay (repro.replay)."""
     seed: int = 0
     stream: bool = True
     turns: int = 12
@@ -60,7 +62,8 @@ class SessionConfig:
     # Built once per run, not per turn: both showed up in the client's CPU profile.
     @functools.cached_property
     def tools(self) -> list[dict[str, Any]]:
-        return self.workload.openai_tools()
+        """The scenario's tools (a trace's are per conversation)."""
+        return self.workload.openai_tools() if isinstance(self.workload, Workload) else []
 
     @functools.cached_property
     def endpoint(self) -> Endpoint:
@@ -68,25 +71,30 @@ class SessionConfig:
         return Endpoint.parse(self.observe.raw_url if self.observe.text_endpoint and self.observe.raw_url else self.url)
 
     def opening(self, session_id: int) -> list[dict[str, Any]]:
-        """The messages a session starts with: the system prompt and its task."""
+        """The messages a session's first request carries: the system prompt and its task, or a recorded
+        conversation up to its first assistant turn."""
         workload = self.workload
+        if isinstance(workload, Trace):
+            conversation = workload.conversation(session_id)
+            return [message.sent() for message in conversation.messages[: conversation.turn_positions()[0]]]
         return [
             {"role": "system", "content": workload.system_prompt},
             {"role": "user", "content": workload.task_for(session_id, self.seed)},
         ]
 
-    def payload(self, messages: list[dict[str, Any]]) -> dict[str, Any]:
+    def payload(self, messages: list[dict[str, Any]], session_id: int = 0) -> dict[str, Any]:
         """The production chat request for a conversation (before the observe plan adds to it)."""
         workload = self.workload
-        return {
-            "model": self.model,
-            "messages": messages,
-            "tools": self.tools,
-            "tool_choice": workload.tool_choice,
-            "max_tokens": workload.max_tokens,
-            "temperature": workload.temperature,
-            **self.extra_body,
-        }
+        if isinstance(workload, Trace):
+            settings = workload.conversation(session_id).settings()
+        else:
+            settings = {
+                "tools": self.tools,
+                "tool_choice": workload.tool_choice,
+                "max_tokens": workload.max_tokens,
+                "temperature": workload.temperature,
+            }
+        return {"model": self.model, "messages": messages, **settings, **self.extra_body}
 
 
 def _assistant_message(message: dict[str, Any], turn: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -180,16 +188,48 @@ class Session:
 
     async def _turn(self, index: int, budget: float) -> bool:
         """Play one turn; False when the session cannot go on."""
+        workload = self.config.workload
+        exchanged = await self._exchange(index, budget)
+        if exchanged is None:
+            return False
+        message, verdict = exchanged
+        history, calls = _assistant_message(message, index)
+        self.messages.append(history)
+        for call in calls:
+            output = sandbox.execute(workload, call["function"]["name"], call["function"]["arguments"])
+            self.messages.append({"role": "tool", "tool_call_id": call["id"], "content": output})
+        if calls:
+            return True
+        if verdict == "corrupt":
+            self.messages.append({"role": "user", "content": workload.recovery_prompt})
+            return True
+        self.finished = True
+        return False
+
+    def _payload(self) -> dict[str, Any]:
+        """The chat request for the conversation so far."""
+        return self.config.payload(self.messages)
+
+    @property
+    def _tools(self) -> list[dict[str, Any]]:
+        return self.config.tools
+
+    @property
+    def _tool_choice(self) -> Any:
+        return self.config.workload.tool_choice
+
+    async def _exchange(self, index: int, budget: float) -> tuple[dict[str, Any], str] | None:
+        """Send `self.messages`, judge the answer and record the turn: the answer's message and verdict, or
+        None when the turn failed (the session's failure and error are then set)."""
         config = self.config
-        workload = config.workload
         start_s = self.turn_start_s = self._now()
         try:
-            body, collector = turn_request(config.observe, config.payload(self.messages))
+            body, collector = turn_request(config.observe, self._payload())
         except RenderError as err:
             # The history holds a call the encoder cannot write: no request can continue this session.
             self.failure, self.error = "error", str(err)
             self._add(TurnRecord(index=index, status="error", start_s=start_s, error=self.error), TurnResult(status="error"))
-            return False
+            return None
         result = await send_turn(
             self.client,
             config.endpoint,
@@ -208,7 +248,7 @@ class Session:
             if config.observe.text_endpoint:
                 result.message, result.finish_reason = parse_text(
                     config.observe, rawtext.text, result.finish_reason,
-                    tools=config.tools, tool_choice=workload.tool_choice, turn=index,
+                    tools=self._tools, tool_choice=self._tool_choice, turn=index,
                 )
                 record.finish_reason = result.finish_reason
         if result.status != "ok" or result.message is None:
@@ -218,23 +258,12 @@ class Session:
             if result.status == "timeout" and budget < config.turn_timeout:
                 self.error = f"session budget of {config.timeout:g}s used up during turn {index}"
             self._add(record, result)
-            return False
-        judgement = await _judge(config.observe, result, config.tools, workload.tool_choice, rawtext)
+            return None
+        judgement = await _judge(config.observe, result, self._tools, self._tool_choice, rawtext)
         self._record_judgement(record, judgement, rawtext)
-        history, calls = _assistant_message(result.message, index)
-        record.tool_calls = [call["function"]["name"] for call in calls]
+        record.tool_calls = [call["function"]["name"] for call in _assistant_message(result.message, index)[1]]
         self._add(record, result, rawtext)
-        self.messages.append(history)
-        for call in calls:
-            output = sandbox.execute(workload, call["function"]["name"], call["function"]["arguments"])
-            self.messages.append({"role": "tool", "tool_call_id": call["id"], "content": output})
-        if calls:
-            return True
-        if judgement.verdict == "corrupt":
-            self.messages.append({"role": "user", "content": workload.recovery_prompt})
-            return True
-        self.finished = True
-        return False
+        return result.message, judgement.verdict
 
     def _record_judgement(self, record: TurnRecord, judgement: Judgement, rawtext: RawText | None) -> None:
         """The turn's verdicts and findings into its record; a corrupt turn's hard rules into the session's."""

@@ -1,6 +1,6 @@
 """The run directory on disk: create it, append sessions as they end, keep raw bytes, read it back.
 
-Layout (design.md): manifest.json, sessions.jsonl, summary.json, raw/, metrics.csv, report.html.
+Layout (docs/run-directory.md): manifest.json, sessions.jsonl, summary.json, raw/, metrics.csv, report.html.
 Writers flush and fsync each session line so a crash (even SIGKILL) loses nothing that finished;
 JSON files are replaced atomically so a reader never sees half a file. When the disk fills up, a
 write that fails is undone (no torn line, no half raw file), and the space kept in reserve since

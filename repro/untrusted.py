@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from typing import Any
+
+import httpx
 
 MAX_DEPTH = 256
 """Deepest nesting accepted. Chat-completion JSON nests a handful of levels; Python's own limit is ~1,000."""
@@ -76,3 +79,18 @@ def scrub_json(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [scrub_json(item) for item in value]
     return value
+
+
+def get_bounded(client: httpx.Client, url: str, *, max_bytes: int, timeout_s: float) -> tuple[int, bytes]:
+    """GET `url`: status and body; ValueError when the body outgrows `max_bytes` or `timeout_s` in all.
+
+    The client's own timeout bounds each read, not the whole answer: a server that drips forever or never stops
+    sending would otherwise hold the caller and its memory without end."""
+    deadline = time.monotonic() + timeout_s
+    body = bytearray()
+    with client.stream("GET", url) as response:
+        for piece in response.iter_bytes():
+            body += piece
+            if len(body) > max_bytes or time.monotonic() > deadline:
+                raise ValueError(f"the answer did not end within {max_bytes} bytes and {timeout_s:g}s")
+        return response.status_code, bytes(body)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Callable, Iterator
 
 import pytest
+from faulty_servers import start_faulty_server
 
 from repro.sim.launch import SimHandle, start_sim
 
@@ -26,3 +27,11 @@ def sim_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..
     yield start
     for handle in started:
         handle.stop()
+
+
+@pytest.fixture(scope="module")
+def faulty(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A purpose-built faulty server (tests/faulty_servers.py) for the module; its root URL."""
+    proc, root = start_faulty_server(tmp_path_factory.mktemp("faulty") / "server.log")
+    yield root
+    proc.stop()

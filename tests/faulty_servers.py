@@ -6,6 +6,8 @@ One process serves every behaviour; the first path segment picks it, so a test's
 - `good`: well-formed streamed tool calls (from the request's own tools) for `turns` turns, then a final answer.
 - `slow:SECONDS`: like good, with SECONDS between chunks (5 chunks a turn): for session-budget timeouts.
 - `leak`: the first turn leaks DSML markup into content with finish_reason stop; later turns are good.
+- `leak-every:K`: as `leak` in every K-th session (by its ticket, `REPRO-<seed>-<session>`), good in the rest:
+  a corruption rate of 1/K whatever the concurrency.
 - `stall`: the second turn sends one chunk and then nothing, ever.
 - `huge:CHARS`: one final answer of CHARS characters of degenerate markup (`<|` repeated), 64 KB a chunk.
 - `http500`: every completion is an HTTP 500.
@@ -327,6 +329,10 @@ async def completions(request: Request) -> Response:
     if mode == "echokey":
         offered = request.headers.get("authorization", "")
         return JSONResponse({"error": {"message": f"invalid credentials: {offered}"}}, status_code=401)
+    if mode.startswith("leak-every:"):
+        task = next((str(m.get("content")) for m in body.get("messages", []) if m.get("role") == "user"), "")
+        ticket = _TICKET.search(task)
+        mode = "leak" if ticket and int(ticket.group(1)) % int(mode.split(":", 1)[1]) == 0 else "good"
     chunks, cid, whole = _plan(body, mode)
     turn = sum(1 for m in body.get("messages", []) if m.get("role") == "assistant")
     if not body.get("stream"):

@@ -1,7 +1,9 @@
-"""Test helper: has a process group ended? Tests that launch servers assert nothing is left behind."""
+"""Test helpers for processes: waiting on a condition, and whether a process group has ended (tests that launch
+servers assert nothing is left behind)."""
 
 import os
 import time
+from typing import Callable
 
 
 def group_gone(pgid: int, timeout: float = 10.0) -> bool:
@@ -15,3 +17,13 @@ def group_gone(pgid: int, timeout: float = 10.0) -> bool:
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.05)
+
+
+def poll(condition: Callable[[], bool], timeout: float = 30.0) -> bool:
+    """True once `condition()` holds; False if it still does not after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True

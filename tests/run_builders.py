@@ -6,14 +6,25 @@ through RunWriter; and `run_main`, which runs the `repro` CLI in this process.
 
 from __future__ import annotations
 
+import io
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+from rich.console import Console
 
 from repro.cli import main
-from repro.records import FindingRecord, Manifest, RateEstimate, SessionRecord, Summary, TurnRecord
+from repro.records import (
+    FindingRecord,
+    Manifest,
+    RateEstimate,
+    SessionRecord,
+    Summary,
+    TurnRecord,
+)
+from repro.runner import RunOptions, RunResult, execute_run
 from repro.store import RunWriter
 
 SENTINEL = "｜DSML｜"
@@ -131,3 +142,10 @@ def run_main(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, 
         sys.argv = old
     out, err = capsys.readouterr()
     return code, out, err
+
+
+def run(out: Path, **options: Any) -> tuple[RunResult, str]:
+    """A run in this process, its table captured: the result and what it printed."""
+    screen = io.StringIO()
+    result = execute_run(RunOptions.parse({"out": out, **options}), console=Console(file=screen, width=150), live=False)
+    return result, screen.getvalue()

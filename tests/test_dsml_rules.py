@@ -1,4 +1,4 @@
-"""Every checker rule: inputs that must fire it, and near misses that must not (dsml-format.md §5)."""
+"""Every checker rule: inputs that must fire it, and near misses that must not (docs/checker-rules.md)."""
 
 from __future__ import annotations
 

@@ -3,42 +3,32 @@ keeps every finished session, and what is stored and reported stays whole, UTF-8
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Iterator
 
 import pytest
+from faulty_servers import CHAOS
 from hypothesis import example, given
 from hypothesis import strategies as st
-from rich.console import Console
+from run_builders import SENTINEL, run, sse
 
-from faulty_servers import CHAOS, start_faulty_server
 from repro import sandbox
 from repro.errors import UsageError
 from repro.records import FindingRecord, Manifest, SessionRecord, TurnRecord
 from repro.report import render_report
-from repro.runner import RunOptions, RunResult, execute_run
+from repro.runner import RunOptions
 from repro.store import RunWriter, load_run
-from repro.untrusted import MAX_DEPTH, NestingError, json_depth, parse_json, scrub_surrogates
+from repro.untrusted import (
+    MAX_DEPTH,
+    NestingError,
+    json_depth,
+    parse_json,
+    scrub_surrogates,
+)
 from repro.workload import load_workload
-from run_builders import SENTINEL, sse
-
-
-@pytest.fixture(scope="module")
-def faulty(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    proc, root = start_faulty_server(tmp_path_factory.mktemp("faulty") / "server.log")
-    yield root
-    proc.stop()
-
-
-def run(out: Path, **options: Any) -> tuple[RunResult, str]:
-    screen = io.StringIO()
-    result = execute_run(RunOptions.parse({"out": out, **options}), console=Console(file=screen, width=150), live=False)
-    return result, screen.getvalue()
 
 
 def repro_cli(*args: str | bytes, timeout: float = 120) -> subprocess.CompletedProcess[bytes]:

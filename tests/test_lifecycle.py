@@ -17,24 +17,16 @@ from pathlib import Path
 from typing import IO, Any, Iterator
 
 import pytest
+from run_builders import make_run, run_main
 
-from faulty_servers import start_faulty_server
 from repro.errors import EXIT_INTERNAL
 from repro.runner import RunOptions, _run_dir
 from repro.store import load_run
-from run_builders import make_run, run_main
 
 ROOT = Path(__file__).resolve().parent.parent
 REPRO = [sys.executable, "-c", "from repro.cli import main; main()"]
 NOWHERE = "http://127.0.0.1:9/v1"
 """A base URL no run gets to: the errors under test come before the target is asked anything."""
-
-
-@pytest.fixture(scope="module")
-def faulty(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    proc, root = start_faulty_server(tmp_path_factory.mktemp("faulty") / "server.log")
-    yield root
-    proc.stop()
 
 
 def one_line_error(code: int, err: str, expected: int, *words: str) -> None:

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import repro.matrix.runner as matrix_runner
 from repro.errors import EXIT_INTERNAL, InternalError
-from repro.matrix.analysis import MatrixAnalysis, analyse
+from repro.matrix.analysis import MatrixAnalysis
 from repro.matrix.runner import CELLS, MatrixRunner, run_matrix
 from repro.matrix.spec import MatrixSpec
 from repro.records import RateEstimate, Summary

@@ -12,16 +12,22 @@ from typing import Any
 
 import httpx
 import pytest
+from proc_helpers import group_gone, poll
 
 from repro.errors import TargetError, UsageError
-from repro.matrix.deploy import CellDeployment, ConfirmationError, mismatches, processes_file, resolve
 from repro.matrix.analysis import CellRun, analyse
+from repro.matrix.deploy import (
+    CellDeployment,
+    ConfirmationError,
+    fetch_server_info,
+    mismatches,
+    processes_file,
+    resolve,
+)
 from repro.matrix.design import cells, plan
 from repro.matrix.report import write_reports
 from repro.matrix.spec import MatrixSpec
 from repro.sim.launch import start_sim
-
-from proc_helpers import group_gone
 
 SIM = "${python} -m repro.sim serve --host 127.0.0.1 --port ${port} --time-scale 0"
 READY = {"timeout": 30, "interval": 0.05}
@@ -191,15 +197,6 @@ def test_mismatches_compare_types_strictly() -> None:
     assert mismatches({"index_k_dtype": "bf16"}, info) == ["index_k_dtype is absent, the spec asked for 'bf16'"]
 
 
-def poll(condition, timeout: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
-
-
 def test_a_port_answered_by_a_foreign_server_is_refused_before_launch(tmp_path: Path) -> None:
     # The occupant answers /health and even /server_info with the very configuration asked for:
     # only who holds the port tells it apart from the cell's own server.
@@ -292,3 +289,8 @@ def test_a_cells_log_is_capped_as_the_spec_says(tmp_path: Path) -> None:
     analysis = analyse(spec, [record], [c.as_dict() for c in cells(spec)], 2)
     page = write_reports(tmp_path, analysis, ["x"], [record]).html.read_text()
     assert f"<li>{run.key}: server.log reached the cap of 100000 bytes" in page
+
+
+def test_an_endless_server_info_is_cut_at_its_bound_and_named(faulty: str) -> None:
+    with pytest.raises(TargetError, match="cannot read the server configuration: the answer did not end within 16777216"):
+        fetch_server_info(f"{faulty}/endless-side/server_info", timeout=60)

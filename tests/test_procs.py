@@ -8,11 +8,16 @@ import time
 from pathlib import Path
 
 import pytest
+from proc_helpers import group_gone, poll
 
 from repro.errors import TargetError
-from repro.procs import confirm_listener, free_port, port_in_use, start_process, wait_http_ready
-
-from proc_helpers import group_gone
+from repro.procs import (
+    confirm_listener,
+    free_port,
+    port_in_use,
+    start_process,
+    wait_http_ready,
+)
 
 
 def test_stop_kills_children_that_ignore_sigterm(tmp_path: Path) -> None:
@@ -67,15 +72,6 @@ proc = start_process(["bash", "-c", sys.argv[1]], log_path=Path(sys.argv[2]))
 print(proc.pgid, flush=True)
 sys.stdin.read()  # until the test kills us
 """
-
-
-def poll(condition, timeout: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 def pid_gone(pid: int) -> bool:

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import httpx
 import pytest
-from faulty_servers import ORPHAN_CLOSER, start_faulty_server
+from faulty_servers import ORPHAN_CLOSER
 from hypothesis import given
 from hypothesis import strategies as st
 from run_builders import make_run, run_main
@@ -135,13 +135,6 @@ def test_completion_text_takes_deltas_finish_and_usage() -> None:
 
 
 # ------------------------------------------------------------------------------------------------ over HTTP
-
-
-@pytest.fixture(scope="module")
-def faulty(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    proc, root = start_faulty_server(tmp_path_factory.mktemp("faulty") / "server.log")
-    yield root
-    proc.stop()
 
 
 def _run(capsys: pytest.CaptureFixture[str], out: Path, url: str, *args: str) -> tuple[int, str]:

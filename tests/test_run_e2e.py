@@ -10,32 +10,19 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import pytest
 from rich.console import Console
+from run_builders import run
 
-from faulty_servers import start_faulty_server
 from repro.errors import EXIT_INTERRUPTED, TargetError, UsageError
 from repro.procs import free_port
-from repro.runner import RunOptions, RunResult, execute_run
+from repro.runner import RunOptions, execute_run
 from repro.sim.launch import SimHandle
 from repro.store import load_run
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture(scope="module")
-def faulty(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    proc, root = start_faulty_server(tmp_path_factory.mktemp("faulty") / "server.log")
-    yield root
-    proc.stop()
-
-
-def run(out: Path, **options: Any) -> tuple[RunResult, str]:
-    screen = io.StringIO()
-    result = execute_run(RunOptions.parse({"out": out, **options}), console=Console(file=screen, width=150), live=False)
-    return result, screen.getvalue()
 
 
 def test_small_run_against_the_sim_matches_its_fault_log(

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Iterator
 
 import anyio
 import pytest
+from faulty_servers import MODEL, huge_reply
 
 from dsml_checker import check
-from faulty_servers import MODEL, huge_reply, start_faulty_server
 from repro.client import make_client
 from repro.load import run_load
 from repro.records import SessionRecord
@@ -23,13 +22,6 @@ from repro.session import Session, SessionConfig
 from repro.workload import load_workload
 
 HUGE_CHARS = 4_000_000
-
-
-@pytest.fixture(scope="module")
-def faulty(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    proc, root = start_faulty_server(tmp_path_factory.mktemp("faulty") / "server.log")
-    yield root
-    proc.stop()
 
 
 def verdict_cpu_seconds() -> float:

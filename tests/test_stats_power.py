@@ -1,4 +1,4 @@
-"""Exact power and sample size: statistics.md's numbers, brute-force agreement, validity of the tests."""
+"""Exact power and sample size: docs/statistics.md's numbers, brute-force agreement, validity of the tests."""
 
 from __future__ import annotations
 

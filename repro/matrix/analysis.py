@@ -36,7 +36,7 @@ Verdict = Literal["causes", "widens", "reduces", "no detectable effect", "inconc
 class CellRun(BaseModel):
     """One launch of one cell: a line of progress.jsonl, appended when the run ends."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", use_attribute_docstrings=True)
 
     key: str
     cell: dict[str, str]

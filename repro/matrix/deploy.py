@@ -38,6 +38,7 @@ from repro.procs import (
     wait_http_ready,
 )
 from repro.store import dump_json
+from repro.untrusted import get_bounded, parse_json
 
 PROCESSES_FILE = "processes.json"
 """Written into the cell's log directory as each process starts: name, pid and process group."""
@@ -243,6 +244,10 @@ def mismatches(expect: dict[str, Any], info: dict[str, Any]) -> list[str]:
     return found
 
 
+SERVER_INFO_BYTES = 16 * 1024 * 1024
+"""Most bytes read of /server_info (SGLang's is a few KB): an endless answer must neither hang the cell nor fill memory."""
+
+
 def fetch_server_info(url: str, *, timeout: float = 10.0) -> dict[str, Any] | None:
     """The server's configuration from `url` (or the older /get_server_info beside it); None when it has neither."""
     candidates = [url]
@@ -251,16 +256,18 @@ def fetch_server_info(url: str, *, timeout: float = 10.0) -> dict[str, Any] | No
     with httpx.Client(timeout=timeout, trust_env=False) as client:
         for candidate in candidates:
             try:
-                response = client.get(candidate)
+                status, body = get_bounded(client, candidate, max_bytes=SERVER_INFO_BYTES, timeout_s=timeout)
             except httpx.HTTPError as err:
                 raise TargetError(f"{candidate}: cannot read the server configuration: {type(err).__name__}") from None
-            if response.status_code == 404:
+            except ValueError as err:
+                raise TargetError(f"{candidate}: cannot read the server configuration: {err}") from None
+            if status == 404:
                 continue
             try:
-                data = response.json()
+                data = parse_json(body)
             except ValueError:
                 return None
-            return data if response.status_code == 200 and isinstance(data, dict) else None
+            return data if status == 200 and isinstance(data, dict) else None
     return None
 
 

@@ -40,6 +40,7 @@ from repro.errors import (
 from repro.matrix.analysis import CellRun, MatrixAnalysis, analyse, cell_counts
 from repro.matrix.deploy import CellDeployment, describe, resolve, stop_stale
 from repro.matrix.design import Cell, PlannedRun, cells, plan
+from repro.matrix.plan import Plan, PlannedEntry
 from repro.matrix.report import write_reports
 from repro.matrix.spec import MatrixSpec, load_spec
 from repro.node import where
@@ -184,18 +185,9 @@ class MatrixRunner:
             raise UsageError(f"--out {self.path}: exists and is not empty; choose a new path or pass --resume")
         (self.path / CELLS).mkdir(parents=True, exist_ok=True)
         (self.path / SPEC_COPY).write_text(spec_text, encoding="utf-8")
-        dump_json(
-            plan_file,
-            {
-                "name": self.spec.name,
-                "fingerprint": _fingerprint(self.spec),
-                "variables": self.spec.variables,
-                "runs": [
-                    {"key": r.key, "cell": r.cell.as_dict(), "replicate": r.replicate, "order": r.order}
-                    for r in self.runs
-                ],
-            },
-        )
+        runs = [PlannedEntry(key=r.key, cell=r.cell.as_dict(), replicate=r.replicate, order=r.order) for r in self.runs]
+        plan_record = Plan(name=self.spec.name, fingerprint=_fingerprint(self.spec), variables=self.spec.variables, runs=runs)
+        dump_json(plan_file, plan_record.model_dump(mode="json"))
 
     def _finished(self, run: PlannedRun) -> CellRun | None:
         run_dir = self.path / CELLS / run.key

@@ -12,10 +12,12 @@ import re
 import shlex
 import string
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel, ConfigDict, Field, NonNegativeFloat, ValidationError, WithJsonSchema, field_validator, model_validator,
+)
 
 from repro.errors import UniqueKeyLoader, UsageError, describe_validation_error, load_yaml, yaml_lines
 
@@ -45,7 +47,11 @@ class Template(string.Template):
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+
+STRING_OR_LIST = {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]}
+"""The schema of flags given as one shell-like string or as a list (the validator splits a string)."""
 
 
 def _split_flags(value: Any) -> Any:
@@ -55,9 +61,10 @@ def _split_flags(value: Any) -> Any:
 class Level(_Model):
     """One level of a factor: what it changes in the deployment and what `/server_info` must then show."""
 
-    flags: list[str] = Field(default_factory=list)
+    flags: Annotated[list[str], WithJsonSchema(STRING_OR_LIST)] = Field(default_factory=list)
     """Server flags added to every process that takes feature flags (a string is split like a shell)."""
     env: dict[str, str] = Field(default_factory=dict)
+    """Environment variables set on the processes this level applies to."""
     vars: dict[str, str] = Field(default_factory=dict)
     """Variables this level sets, e.g. a patched `image`."""
     command: str | None = None
@@ -93,13 +100,16 @@ class Readiness(_Model):
     timeout: float = Field(1800.0, gt=0)
     """Seconds to wait for every process (cold starts of real servers take many minutes)."""
     interval: float = Field(5.0, gt=0)
+    """Seconds between two readiness polls."""
 
 
 class ProcessSpec(_Model):
     """One launched process of a deployment."""
 
     name: str = Field(min_length=1)
+    """The process's name: in logs/<cell>/<name>.log, in `processes` of a level, in the report."""
     command: str = Field(min_length=1)
+    """Shell command that starts it; `${flags}` is where a level's flags go (else they are appended)."""
     port: str | int | None = None
     """Used for the default URLs; may be a `${variable}`."""
     ready_url: str | None = None
@@ -107,6 +117,7 @@ class ProcessSpec(_Model):
     info_url: str | None = None
     """Where to read the configuration; default `http://127.0.0.1:<port>/server_info`; empty to skip."""
     env: dict[str, str] = Field(default_factory=dict)
+    """Environment variables of this process."""
     features: bool = True
     """Whether factor levels apply here (false for a router)."""
     confirm: dict[str, Any] = Field(default_factory=dict)
@@ -119,25 +130,38 @@ class ExternalSpec(_Model):
     setup: str = Field(min_length=1)
     """Shell command run before each cell; the cell's flags are in `${flags}` and in REPRO_FLAGS."""
     teardown: str = Field(min_length=1)
+    """Shell command run after each cell, also when it failed."""
     hook_timeout: float = Field(1800.0, gt=0)
+    """Seconds each hook may take."""
     url: str
+    """Base URL the load goes to (without /v1)."""
     ready_url: str | None = None
+    """Polled until it answers 200 before the load starts; default `<url>/health`."""
     info_url: str | None = None
+    """Where to read the configuration; default `<url>/server_info`; empty to skip."""
 
 
 class Deployment(_Model):
     """How to launch one cell: one `command`, several `processes`, or `external` hooks."""
 
     command: str | None = None
+    """One server process (named `server`): its shell command."""
     port: str | int | None = None
+    """With `command`: the port its default URLs use; may be a `${variable}`."""
     ready_url: str | None = None
+    """With `command`: default `http://127.0.0.1:<port>/health`."""
     info_url: str | None = None
+    """With `command`: default `http://127.0.0.1:<port>/server_info`; empty to skip."""
     processes: list[ProcessSpec] | None = None
+    """Several processes (a PD pair and its router), started in order and stopped in reverse."""
     external: ExternalSpec | None = None
+    """A deployment started and stopped by your own hooks."""
     url: str | None = None
     """Base URL the load goes to (without /v1); default the last process's port."""
     env: dict[str, str] = Field(default_factory=dict)
+    """Environment variables of every process."""
     ready: Readiness = Field(default_factory=Readiness)
+    """How long to wait for the processes to answer their ready URLs."""
     stop_timeout: float = Field(30.0, gt=0)
     """Seconds between SIGTERM and SIGKILL at teardown."""
     log_max_bytes: int = Field(200_000_000, ge=4096)
@@ -176,18 +200,23 @@ Correction = Literal["holm", "fdr_bh", "none"]
 
 class DesignSpec(_Model):
     type: Literal["full", "half", "list"] = "full"
+    """`full`: every combination of levels; `half`: a half fraction (two-level factors); `list`: `cells`."""
     cells: list[dict[str, str]] | None = None
     """For `type: list`: each cell as {factor: level}."""
     replicates: int = Field(1, ge=1)
+    """Launches of each cell; their sessions are pooled."""
     seed: int = 0
     """Seeds the run order (and the per-run `${run_seed}`)."""
     baseline: dict[str, str] | None = None
     """The reference level per factor; default each factor's first level."""
     alpha: float = Field(0.05, gt=0, lt=1)
+    """Significance level of each factor's test, after the correction."""
     correction: Correction = "holm"
+    """Multiple-comparison correction across the factors' tests: Holm, Benjamini-Hochberg, or none."""
     min_completed: int = Field(20, ge=0)
     """Completed sessions per arm below which a factor's verdict is inconclusive."""
     max_timeout_fraction: float = Field(0.2, ge=0, le=1)
+    """Share of timed-out sessions above which an arm is inconclusive: a timeout proves neither clean nor corrupt."""
     detect: float = Field(0.10, gt=0, lt=1)
     """The difference in corruption rate whose power a "no detectable effect" verdict states."""
 
@@ -214,15 +243,21 @@ class ResourcesSpec(_Model):
 
 class MatrixSpec(_Model):
     name: str = Field(min_length=1)
+    """Names the matrix directory and the report."""
     variables: dict[str, str | int | float] = Field(default_factory=dict)
+    """`${name}` values for commands and flags; `--var name=value` overrides; `auto` is a fresh free port per cell."""
     factors: dict[str, Factor] = Field(min_length=1)
+    """The server features under test, each with its levels."""
     deployment: Deployment | None = None
+    """How to launch a cell (or `deployments`, several named ones that levels select)."""
     deployments: dict[str, Deployment] | None = None
     """Named deployments that factor levels select; the first is used when no level selects one."""
     load: dict[str, Any] = Field(default_factory=dict)
     """The options of `repro run` (without base_url and out, which the matrix sets per cell)."""
     design: DesignSpec = Field(default_factory=DesignSpec)
+    """Which cells run, how often, in what order, and how the analysis decides."""
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
+    """What each run asks of a Ray cluster (`--executor ray`); the local executor ignores it."""
 
     @field_validator("variables")
     @classmethod

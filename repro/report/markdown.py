@@ -71,6 +71,12 @@ def render_markdown(model: ReportModel) -> str:
                 f"| {r.p_boschloo:.2g} | {r.p_fisher:.2g} | {row.p_holm:.2g} |"
             )
     for run in model.runs:
+        if run.stopping is not None:
+            stop = run.stopping
+            lines += ["", f"Stopping rule of **{md_escape(run.name)}**: {md_escape(stop.decision)} after "
+                      f"{stop.sessions} of {stop.cap} sessions ({stop.looks} look{'s' if stop.looks != 1 else ''}): "
+                      f"{md_escape(stop.reason)}"]
+    for run in model.runs:
         checks = (run.gate or {}).get("checks")
         if isinstance(checks, list):
             lines += ["", f"Gate for **{md_escape(run.name)}**:", ""]

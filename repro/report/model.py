@@ -13,7 +13,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Sequence
 
-from repro.records import FindingRecord, OutcomeCounts, ParserEffect, SessionRecord, TurnRecord
+from repro.records import FindingRecord, OutcomeCounts, ParserEffect, SessionRecord, StoppingRecord, TurnRecord
 from repro.report.raw import RawExcerpt, read_raw, response_fields
 from repro.stats import Inconclusive, Interval, assess_inconclusive, clopper_pearson, timeout_bounds, upper_bound
 from repro.stats.verdict import MAX_TIMEOUT_FRACTION, MIN_COMPLETED
@@ -188,6 +188,8 @@ class RunView:
     """What the run judged: parsed (runs from before raw mode too), raw or both."""
     effect: ParserEffect | None = None
     """How much damage the server's parser hid and made (raw and both modes)."""
+    stopping: StoppingRecord | None = None
+    """How a `--until-decided` run stopped."""
     node: str | None = None
     """Where the load ran: the host, and the Ray node under the Ray executor (runs from before: None)."""
 
@@ -416,6 +418,7 @@ def run_view(run: Run, *, confidence: float = 0.95) -> RunView:
         notes=[metrics_note] if metrics_note else [],
         observe=observe,
         effect=effect,
+        stopping=run.summary.stopping if run.summary is not None else None,
         node=_node_text(run.manifest.node),
     )
 

@@ -1,4 +1,4 @@
-"""Damage operators: what a stale index-K read does to a completion's raw text (dsml-format.md §5–6).
+"""Damage operators: what a stale index-K read does to a completion's raw text (docs/dsml-format.md, "How it breaks").
 
 Each operator rewrites the raw V4 text before the server-side parser sees it, so the damage surfaces as
 it would on a real server: a leak into content, DSML in reasoning, a fragment inside arguments, or

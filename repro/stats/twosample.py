@@ -1,8 +1,8 @@
 """Two configurations (A/B): is one corruption rate different from the other, and by how much?
 
 Arms are the columns of the 2x2 table, as scipy's Boschloo test expects: [[k1, k2], [n1-k1, n2-k2]].
-Passing arms as rows instead silently tests something else (11/60 vs 0/60 would give p=2.4e-4, the
-number in statistics.md, instead of the correct 3.3e-4).
+Passing arms as rows instead silently tests something else (11/60 vs 0/60 would give p=2.4e-4 instead of
+the correct 3.3e-4, docs/statistics.md's worked example).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from repro.errors import UsageError
 from repro.stats.intervals import check_level, check_nonnegative, upper_bound
 
 MIN_COMPLETED = 20
-"""Fewer completed sessions than this and the counts are inconclusive (statistics.md)."""
+"""Fewer completed sessions than this and the counts are inconclusive (docs/statistics.md)."""
 MAX_TIMEOUT_FRACTION = 0.2
 """More of all sessions than this timed out and the counts are inconclusive."""
 

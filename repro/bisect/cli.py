@@ -1,0 +1,239 @@
+"""`repro bisect flags|commits` and `repro probe`: typer wrappers that read options and call the searches.
+
+Imports of the search modules happen inside the commands: scipy and matplotlib take seconds to load.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from repro.errors import UsageError
+
+bisect_app = typer.Typer(
+    help="Find the commit or the settings that make the corruption appear, with probes sized for a flaky signal.",
+    no_args_is_help=True,
+)
+
+_LOAD_KEYS = ("concurrency", "turns", "timeout", "turn_timeout", "stall_timeout", "workload")
+
+
+def probe_settings(
+    *,
+    config: Path | None,
+    load: dict[str, Any],
+    sessions: int,
+    max_rounds: int,
+    mode: str,
+    alpha: float,
+    beta: float,
+    good_rate: float,
+    min_bad_rate: float,
+    seed: int,
+):  # -> ProbeSettings (imported late)
+    """The probes' settings from the command line; `--config` is a `repro run` YAML whose load options apply."""
+    from repro.bisect.probe import ProbeSettings
+    from repro.runner import RunOptions
+
+    if mode not in ("sequential", "fixed"):
+        raise UsageError(f"--probe must be sequential or fixed, got {mode!r}")
+    options = RunOptions.from_sources(config, {k: v for k, v in load.items() if v is not None})
+    kept = options.model_dump(mode="json", exclude={"base_url", "sessions", "seed", "out", "name", "sim_args",
+                                                     "max_corruption_rate"}, exclude_defaults=True)
+    if options.base_url is not None or options.sim_args:
+        raise UsageError("--config: base_url and sim_args are the bisection's to choose; remove them")
+    return ProbeSettings(load=kept, round_sessions=sessions, max_rounds=max_rounds, mode=mode, alpha=alpha,  # type: ignore[arg-type]
+                         beta=beta, good_rate=good_rate, min_bad_rate=min_bad_rate, seed=seed)
+
+
+def default_out(kind: str) -> Path:
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    return Path("reports") / f"{stamp}-bisect-{kind}"
+
+
+# Options shared by every command (typer needs them spelled out per command).
+SESSIONS = typer.Option(32, "--sessions", help="Sessions per probe round (run at --concurrency).")
+MAX_ROUNDS = typer.Option(3, "--max-rounds", help="Rounds a sequential probe may run before it ends undecided.")
+PROBE = typer.Option("sequential", "--probe", help="sequential (Wald's SPRT over rounds) or fixed (one sized round).")
+ALPHA = typer.Option(0.05, "--alpha", help="A probe's chance of calling a good target bad.")
+BETA = typer.Option(0.05, "--beta", help="A probe's chance of calling a bad target good.")
+GOOD_RATE = typer.Option(0.001, "--good-rate", help="Corruption rate assumed of a good target (the flaky side).")
+MIN_BAD_RATE = typer.Option(0.02, "--min-bad-rate", help="Least corruption rate the bad end is taken to show.")
+SEED = typer.Option(0, "--seed", help="Seed of the probes' session tasks.")
+CONCURRENCY = typer.Option(None, "--concurrency", help="Sessions at once (default: all of a round).")
+TURNS = typer.Option(None, "--turns", help="Maximum turns per session (default: 12).")
+TIMEOUT = typer.Option(None, "--timeout", help="Whole-session budget, seconds (default: 180).")
+TURN_TIMEOUT = typer.Option(None, "--turn-timeout", help="One request's budget, seconds (default: 120).")
+STALL_TIMEOUT = typer.Option(None, "--stall-timeout", help="No bytes this long: wedged (default: 30).")
+WORKLOAD = typer.Option(None, "--workload", help="Workload YAML (default: experiments/agentic_coding.yaml).")
+CONFIG = typer.Option(None, "--config", help="A `repro run` options YAML for the load; the command line wins.")
+OUT = typer.Option(None, "--out", help="Bisect directory (default: reports/<timestamp>-bisect-<kind>/).")
+RESUME = typer.Option(False, "--resume", help="Continue the bisection in --out, keeping every recorded probe.")
+MAX_PROBES = typer.Option(40, "--max-probes", help="Probe budget.")
+READY_TIMEOUT = typer.Option(60.0, "--ready-timeout", help="Seconds a deployment may take to answer /health.")
+
+
+@bisect_app.command("flags")
+def flags_command(
+    good: str = typer.Option(..., "--good", help="The good configuration: 'FLAGS / ENV' (or @FILE)."),
+    bad: str = typer.Option(..., "--bad", help="The bad configuration: 'FLAGS / ENV' (or @FILE)."),
+    deploy: str | None = typer.Option(
+        None, "--deploy", help="Server command with ${flags} and ${port} (default: the embedded simulator)."
+    ),
+    out: Path | None = OUT,
+    resume: bool = RESUME,
+    max_probes: int = MAX_PROBES,
+    sessions: int = SESSIONS,
+    max_rounds: int = MAX_ROUNDS,
+    probe: str = PROBE,
+    alpha: float = ALPHA,
+    beta: float = BETA,
+    good_rate: float = GOOD_RATE,
+    min_bad_rate: float = MIN_BAD_RATE,
+    seed: int = SEED,
+    concurrency: int | None = CONCURRENCY,
+    turns: int | None = TURNS,
+    timeout: float | None = TIMEOUT,
+    turn_timeout: float | None = TURN_TIMEOUT,
+    stall_timeout: float | None = STALL_TIMEOUT,
+    workload: Path | None = WORKLOAD,
+    config: Path | None = CONFIG,
+    ready_timeout: float = READY_TIMEOUT,
+) -> None:
+    """Delta debugging over the settings that differ: the minimal set that makes the corruption appear."""
+    from repro.bisect.flags import bisect_flags
+
+    if resume and out is None:
+        raise UsageError("--resume needs --out: the bisect directory to continue")
+    load = {k: v for k, v in locals().items() if k in _LOAD_KEYS}
+    settings = probe_settings(config=config, load=load, sessions=sessions, max_rounds=max_rounds, mode=probe,
+                              alpha=alpha, beta=beta, good_rate=good_rate, min_bad_rate=min_bad_rate, seed=seed)
+    result = bisect_flags(good, bad, settings=settings, out=out or default_out("flags"), resume=resume, deploy=deploy,
+                          max_probes=max_probes, ready_timeout=ready_timeout)
+    raise typer.Exit(result.exit_code)
+
+
+DEPLOY_HELP = "Server command, run in the commit's checkout, with ${rev}, ${port}, ${src} and ${python}."
+BUILD = typer.Option(None, "--build", help="Build command run in the checkout first; failing makes the probe inconclusive.")
+BUILD_TIMEOUT = typer.Option(1800.0, "--build-timeout", help="Seconds a build may take.")
+
+
+@bisect_app.command("commits")
+def commits_command(
+    repo: Path = typer.Option(Path("."), "--repo", help="The git repository."),
+    good: str = typer.Option(..., "--good", help="A commit without the corruption."),
+    bad: str = typer.Option(..., "--bad", help="A later commit with it (first-parent descendant of --good)."),
+    deploy: str = typer.Option(..., "--deploy", help=DEPLOY_HELP),
+    build: str | None = BUILD,
+    confidence: float = typer.Option(0.95, "--confidence", help="Stop when one commit holds this much of the posterior."),
+    max_sessions: int = typer.Option(3000, "--max-sessions", help="Session budget of the whole search."),
+    out: Path | None = OUT,
+    resume: bool = RESUME,
+    max_probes: int = typer.Option(30, "--max-probes", help="Probe budget."),
+    sessions: int = SESSIONS,
+    max_rounds: int = typer.Option(
+        1, "--max-rounds", help="Rounds per probe; 1: the posterior decides where to look again, more: each probe an SPRT."
+    ),
+    probe: str = PROBE,
+    alpha: float = ALPHA,
+    beta: float = BETA,
+    good_rate: float = GOOD_RATE,
+    min_bad_rate: float = MIN_BAD_RATE,
+    seed: int = SEED,
+    concurrency: int | None = CONCURRENCY,
+    turns: int | None = TURNS,
+    timeout: float | None = TIMEOUT,
+    turn_timeout: float | None = TURN_TIMEOUT,
+    stall_timeout: float | None = STALL_TIMEOUT,
+    workload: Path | None = WORKLOAD,
+    config: Path | None = CONFIG,
+    build_timeout: float = BUILD_TIMEOUT,
+    ready_timeout: float = READY_TIMEOUT,
+) -> None:
+    """Bayesian search for the first bad commit: each probe deploys a commit and runs the load on it."""
+    from repro.bisect.commits import bisect_commits
+
+    if resume and out is None:
+        raise UsageError("--resume needs --out: the bisect directory to continue")
+    load = {k: v for k, v in locals().items() if k in _LOAD_KEYS}
+    settings = probe_settings(config=config, load=load, sessions=sessions, max_rounds=max_rounds, mode=probe,
+                              alpha=alpha, beta=beta, good_rate=good_rate, min_bad_rate=min_bad_rate, seed=seed)
+    result = bisect_commits(repo, good, bad, deploy=deploy, settings=settings, out=out or default_out("commits"),
+                            build=build, resume=resume, confidence=confidence, max_probes=max_probes,
+                            max_sessions=max_sessions, build_timeout=build_timeout, ready_timeout=ready_timeout)
+    raise typer.Exit(result.exit_code)
+
+
+def probe_command(
+    deploy: str = typer.Option(..., "--deploy", help=DEPLOY_HELP.replace("the commit's checkout", "--src")),
+    bad_rate: float = typer.Option(..., "--bad-rate", help="Corruption rate of a bad commit (measure the bad end first)."),
+    commits: int = typer.Option(100, "--commits", help="Commits in the range: sizes a fixed probe."),
+    src: Path = typer.Option(Path("."), "--src", help="The checkout to probe (git bisect run's working tree)."),
+    build: str | None = BUILD,
+    out: Path | None = typer.Option(None, "--out", help="Probe directory (default: reports/<timestamp>-probe-<rev>/)."),
+    sessions: int = SESSIONS,
+    max_rounds: int = MAX_ROUNDS,
+    probe: str = typer.Option("fixed", "--probe", help="fixed (one round sized for the range) or sequential (SPRT)."),
+    alpha: float = ALPHA,
+    beta: float = BETA,
+    good_rate: float = GOOD_RATE,
+    delta: float = typer.Option(0.05, "--delta", help="Fixed: chance that a bad commit passes every probe of the range."),
+    seed: int = SEED,
+    concurrency: int | None = CONCURRENCY,
+    turns: int | None = TURNS,
+    timeout: float | None = TIMEOUT,
+    turn_timeout: float | None = TURN_TIMEOUT,
+    stall_timeout: float | None = STALL_TIMEOUT,
+    workload: Path | None = WORKLOAD,
+    config: Path | None = CONFIG,
+    build_timeout: float = BUILD_TIMEOUT,
+    ready_timeout: float = READY_TIMEOUT,
+) -> None:
+    """One probe for `git bisect run`: exit 0 good, 1 bad, 125 inconclusive or undecided (skip); anything else aborts.
+
+    A fixed probe calls a commit bad at its first corrupt session and good after
+    ceil(ln(delta / ceil(log2 commits)) / ln(1 - bad_rate)) clean ones. git's loop trusts every answer
+    for good: one bad commit that passes by chance, or one good commit that corrupts once, sends the
+    search the wrong way for good. `repro bisect commits` keeps a posterior over the commits instead,
+    re-probes where the evidence is thin and names a commit only at --confidence.
+    """
+    import dataclasses
+    import subprocess
+
+    from rich.console import Console
+
+    from repro.bisect.gitrepo import prepare
+    from repro.bisect.probe import ProbeResult, describe, run_probe
+    from repro.errors import EXIT_FAILED, EXIT_INCONCLUSIVE, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, ReproError
+
+    console = Console(stderr=True, highlight=False, soft_wrap=True)
+    try:
+        src = src.resolve()
+        head = subprocess.run(["git", "-C", str(src), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=60)
+        rev = head.stdout.strip() if head.returncode == 0 else "unknown"
+        load = {k: v for k, v in locals().items() if k in _LOAD_KEYS}
+        settings = probe_settings(config=config, load=load, sessions=sessions, max_rounds=max_rounds, mode=probe,
+                                  alpha=alpha, beta=beta, good_rate=good_rate, min_bad_rate=good_rate * 2, seed=seed)
+        settings = dataclasses.replace(settings, delta=delta)
+        plan = settings.plan(bad_rate, commits)
+        path = out or default_out(f"probe-{rev[:10]}")
+        if path.exists() and any(path.iterdir()):
+            raise UsageError(f"--out {path}: exists and is not empty")
+        path.mkdir(parents=True, exist_ok=True)
+        prepared = prepare(deploy=deploy, build=build, rev=rev, src=src, probe_dir=path,
+                           build_timeout=build_timeout, ready_timeout=ready_timeout)
+        console.print(f"probe {rev[:10]}: {plan.mode}, {plan.round_sessions} sessions a round, up to {plan.max_sessions}")
+        if isinstance(prepared, ProbeResult):
+            result = prepared
+            console.print(f"  {describe(result)}")
+        else:
+            result = run_probe(prepared, plan, settings.load, path, seed=seed, console=console)
+    except ReproError as err:
+        # git bisect reads 1-127 (but 125) as "bad": a usage error must abort the bisection instead.
+        if err.exit_code != EXIT_INTERRUPTED:
+            err.exit_code = EXIT_INTERNAL
+        raise
+    raise typer.Exit({"good": EXIT_OK, "bad": EXIT_FAILED}.get(result.verdict, EXIT_INCONCLUSIVE))

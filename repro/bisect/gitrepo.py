@@ -1,0 +1,125 @@
+"""The commit side of a bisection: the range in first-parent order, a commit's tree checked out for a
+probe, its optional build, and its deployment command (`--deploy` with `${rev}`, `${port}`, `${src}`).
+
+First-parent order: a merge on the main line is one probe target, so a fault brought in by a merged
+branch is pinned to its merge commit, as the branch's commits were never deployed on their own.
+"""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import subprocess
+import sys
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from repro.bisect.probe import ProbeResult, launch_plan
+from repro.errors import UsageError
+from repro.matrix.deploy import LaunchPlan
+from repro.matrix.spec import Template
+from repro.procs import free_port, one_line, start_process
+
+GIT_TIMEOUT_S = 300.0
+
+
+@dataclass(frozen=True)
+class Commit:
+    sha: str
+    subject: str
+
+    def label(self, index: int) -> str:
+        return f"{index} {self.sha[:10]} {self.subject}"
+
+
+def _git(repo: Path, *args: str, stdout: int | None = subprocess.PIPE) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(["git", "-C", str(repo), *args], stdout=stdout, stderr=subprocess.PIPE,
+                              timeout=GIT_TIMEOUT_S, check=False)
+    except FileNotFoundError:
+        raise UsageError("git is not installed (needed to bisect commits)") from None
+
+
+def _resolve(repo: Path, rev: str, option: str) -> str:
+    done = _git(repo, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")
+    if done.returncode != 0:
+        raise UsageError(f"{option} {rev}: not a commit of {repo}")
+    return done.stdout.decode().strip()
+
+
+def commit_range(repo: Path, good: str, bad: str) -> list[Commit]:
+    """The good commit, then every first-parent commit after it up to the bad one."""
+    if _git(repo, "rev-parse", "--git-dir").returncode != 0:
+        raise UsageError(f"--repo {repo}: not a git repository")
+    good_sha, bad_sha = _resolve(repo, good, "--good"), _resolve(repo, bad, "--bad")
+    if good_sha == bad_sha:
+        raise UsageError("--good and --bad are the same commit: nothing to bisect")
+    if _git(repo, "merge-base", "--is-ancestor", good_sha, bad_sha).returncode != 0:
+        raise UsageError(f"--good {good} is not an ancestor of --bad {bad}")
+    log = _git(repo, "log", "--first-parent", "--reverse", "--format=%H%x00%s", f"{good_sha}..{bad_sha}")
+    later = [line.split("\0", 1) for line in log.stdout.decode(errors="replace").splitlines()]
+    subject = _git(repo, "log", "-1", "--format=%s", good_sha).stdout.decode(errors="replace").strip()
+    commits = [Commit(good_sha, subject), *(Commit(sha, text) for sha, text in later)]
+    if commits[-1].sha != bad_sha:
+        raise UsageError(f"--bad {bad} is not on the first-parent line from --good {good}")
+    return commits
+
+
+def checkout(repo: Path, sha: str, dest: Path) -> None:
+    """The commit's tree (no .git) extracted into `dest`."""
+    dest.mkdir(parents=True, exist_ok=True)
+    archive = dest.with_name(dest.name + ".tar")
+    with open(archive, "wb") as fh:
+        done = _git(repo, "archive", "--format=tar", sha, stdout=fh.fileno())
+    if done.returncode != 0:
+        raise UsageError(f"git archive {sha[:10]} failed: {one_line(done.stderr.decode(errors='replace'))}")
+    with tarfile.open(archive) as tar:
+        tar.extractall(dest, filter="data")
+    archive.unlink()
+
+
+def substitute(command: str, values: dict[str, str], option: str) -> str:
+    """`${name}` replaced by the shell-quoted value (a bare `$VAR` is left to the shell)."""
+    try:
+        return Template(command).substitute({k: shlex.quote(v) for k, v in values.items()})
+    except (KeyError, ValueError) as err:
+        known = ", ".join(f"${{{k}}}" for k in values)
+        raise UsageError(f"{option}: cannot substitute {err} (known: {known})") from None
+
+
+def prepare(
+    *,
+    deploy: str,
+    build: str | None,
+    rev: str,
+    src: Path,
+    probe_dir: Path,
+    build_timeout: float,
+    ready_timeout: float,
+) -> LaunchPlan | ProbeResult:
+    """Build the checkout in `src` (when `build` is given) and plan its deployment; a failed build
+    is an inconclusive probe, never a good or bad one."""
+    values = {"rev": rev, "src": str(src), "python": sys.executable}
+    if build:
+        log = probe_dir / "build.log"
+        proc = start_process(["bash", "-c", f"cd {shlex.quote(str(src))} && {substitute(build, values, '--build')}"],
+                             log_path=log)
+        try:
+            proc.popen.wait(timeout=build_timeout)
+        except subprocess.TimeoutExpired:
+            proc.stop()
+            return ProbeResult("inconclusive", message=f"build still running after {build_timeout:g}s")
+        finally:
+            proc.stop()
+        if proc.returncode != 0:
+            tail = one_line(proc.log_tail(3))
+            return ProbeResult("inconclusive", message=f"build exited with code {proc.returncode}" + (f": {tail}" if tail else ""))
+    port = free_port()
+    command = substitute(deploy, {**values, "port": str(port)}, "--deploy")
+    argv = ["bash", "-c", f"cd {shlex.quote(str(src))} && {command}"]
+    return launch_plan("server", argv, port, ready_timeout=ready_timeout)
+
+
+def remove_checkout(src: Path) -> None:
+    shutil.rmtree(src, ignore_errors=True)

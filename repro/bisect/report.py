@@ -1,0 +1,125 @@
+"""The bisection's reports, from its state (what bisect.json holds): report.md and a self-contained
+report.html with every probe's counts and interval, the decision trail, and for a commit search the
+posterior plotted over the commits. Everything shown from the probes (commit subjects, settings,
+server messages) is escaped.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from repro.report.markdown import md_escape
+from repro.report.model import fmt_pct, fmt_range
+from repro.report.plots import Plot, encode_figure  # sets matplotlib's Agg backend first
+
+import matplotlib.pyplot as plt  # noqa: E402  # isort: skip
+from repro.stats.intervals import clopper_pearson
+
+REPORT_HTML = "report.html"
+REPORT_MD = "report.md"
+
+
+def _rows(state: dict[str, Any]) -> list[dict[str, str]]:
+    rows = []
+    for probe in state["probes"]:
+        completed = probe["clean"] + probe["corrupt"]
+        if completed:
+            ci = clopper_pearson(probe["corrupt"], completed)
+            rate = f"{fmt_pct(probe['corrupt'] / completed)} ({fmt_range(ci.low, ci.high)})"
+        else:
+            rate = "—"
+        rows.append(
+            {
+                "number": str(probe["number"]),
+                "target": probe["target"],
+                "verdict": probe["verdict"],
+                "counts": f"{probe['corrupt']}/{completed}",
+                "rate": rate,
+                "unfinished": f"{probe['timeout']} / {probe['error']}",
+                "rounds": str(probe["rounds"]),
+                "why": probe.get("why") or "",
+                "note": probe.get("message") or "",
+            }
+        )
+    return rows
+
+
+def posterior_plot(state: dict[str, Any]) -> Plot | None:
+    """P(culprit = c) over the commits after the last probe, the probed commits marked."""
+    last = next((p["posterior"] for p in reversed(state["probes"]) if p.get("posterior")), None)
+    if last is None:
+        return None
+    culprit = last[:-1]
+    with plt.rc_context({"text.parse_math": False}):
+        fig, ax = plt.subplots(figsize=(9, 3))
+        ax.bar(range(len(culprit)), culprit, color="#c62828", width=0.8)
+        probed = sorted({p["index"] for p in state["probes"] if p.get("index") is not None})
+        ax.plot(probed, [-0.03] * len(probed), "^", color="#455a64", label="probed")
+        ax.set_xlim(-0.5, len(culprit) - 0.5)
+        ax.set_ylim(-0.06, 1.0)
+        ax.set_xlabel("commit index (0 = good end, first-parent order)")
+        ax.set_ylabel("P(first bad commit)")
+        ax.set_title(f"Posterior after {len(state['probes'])} probes; P(no culprit) = {last[-1]:.3f}")
+        ax.legend(loc="upper left")
+        data_uri = encode_figure(fig)
+    return Plot("Posterior over the commits", "Probability that each commit is the first bad one", data_uri)
+
+
+_HTML = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined).from_string(
+    """<!doctype html>
+<html lang="en"><head><meta charset="utf-8">
+<meta http-equiv="Content-Security-Policy" content="default-src 'none'; img-src data:; style-src 'unsafe-inline'">
+<title>repro bisect {{ s.kind }}</title>
+<style>
+body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px} table{border-collapse:collapse;margin:1em 0}
+td,th{border:1px solid #ccc;padding:.3em .6em;text-align:left} .bad{color:#c62828;font-weight:bold}
+.good{color:#2e7d32}.inconclusive{color:#8d6e63}.verdict{font-size:1.1em;background:#f5f5f5;padding:1em;border-left:4px solid #c62828}
+</style></head><body>
+<h1>repro bisect {{ s.kind }}</h1>
+<p class="verdict">{{ s.conclusion }}</p>
+<p>{{ s.probes | length }} probes, {{ s.sessions }} sessions. Status: {{ s.status }}.</p>
+{% if s.get("found") %}<h2>Result</h2><ul>{% for item in s.found %}<li><code>{{ item }}</code></li>{% endfor %}</ul>{% endif %}
+{% if s.get("top") %}<h2>Likeliest culprits</h2><table><tr><th>commit</th><th>P(first bad)</th></tr>
+{% for t in s.top %}<tr><td><code>{{ t.label }}</code></td><td>{{ "%.3f" % t.probability }}</td></tr>{% endfor %}</table>{% endif %}
+{% if plot %}<h2>{{ plot.title }}</h2><img src="{{ plot.data_uri }}" alt="{{ plot.alt }}">{% endif %}
+<h2>Probes and decision trail</h2>
+<table><tr><th>#</th><th>probed</th><th>why</th><th>verdict</th><th>corrupt/completed</th><th>rate (95% CI)</th>
+<th>timeout / error</th><th>rounds</th><th>note</th></tr>
+{% for r in rows %}<tr><td>{{ r.number }}</td><td><code>{{ r.target }}</code></td><td>{{ r.why }}</td>
+<td class="{{ r.verdict }}">{{ r.verdict }}</td><td>{{ r.counts }}</td><td>{{ r.rate }}</td><td>{{ r.unfinished }}</td>
+<td>{{ r.rounds }}</td><td>{{ r.note }}</td></tr>{% endfor %}</table>
+{% if s.get("changes") %}<h2>Settings that differ</h2><ol start="0">{% for c in s.changes %}<li><code>{{ c }}</code></li>{% endfor %}</ol>{% endif %}
+</body></html>
+"""
+)
+
+
+def render_markdown(state: dict[str, Any]) -> str:
+    lines = [f"# repro bisect {state['kind']}", "", md_escape(state["conclusion"]), ""]
+    lines.append(f"{len(state['probes'])} probes, {state['sessions']} sessions. Status: {state['status']}.")
+    if state.get("found"):
+        lines += ["", "## Result", "", *(f"- {md_escape(item)}" for item in state["found"])]
+    if state.get("top"):
+        lines += ["", "## Likeliest culprits", "", "| commit | P(first bad) |", "|---|---|"]
+        lines += [f"| {md_escape(t['label'])} | {t['probability']:.3f} |" for t in state["top"]]
+    lines += ["", "## Probes and decision trail", "",
+              "| # | probed | why | verdict | corrupt/completed | rate (95% CI) | timeout / error | rounds | note |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for r in _rows(state):
+        cells = [r["number"], md_escape(r["target"]), md_escape(r["why"]), r["verdict"], r["counts"], r["rate"],
+                 r["unfinished"], r["rounds"], md_escape(r["note"])]
+        lines.append("| " + " | ".join(cells) + " |")
+    if state.get("changes"):
+        lines += ["", "## Settings that differ", "", *(f"{i}. {md_escape(c)}" for i, c in enumerate(state["changes"]))]
+    return "\n".join(lines) + "\n"
+
+
+def write_reports(path: Path, state: dict[str, Any]) -> tuple[Path, Path]:
+    """Write report.md and report.html into the bisect directory."""
+    md, html = Path(path) / REPORT_MD, Path(path) / REPORT_HTML
+    md.write_text(render_markdown(state), encoding="utf-8")
+    html.write_text(_HTML.render(s=state, rows=_rows(state), plot=posterior_plot(state)), encoding="utf-8")
+    return md, html

@@ -1,0 +1,301 @@
+"""`repro sweep`: one deployment, the same workload at several concurrencies, and where corruption sets in.
+
+Every level is an ordinary `repro run` (its own run directory under the sweep's) against the same
+deployment: the embedded simulator started once, or `--base-url`. Per level: the corruption rate and
+the timeout rate with Clopper-Pearson intervals. Concurrency 1 is the control: corruption there does
+not need concurrency (a model habit, or a fault of the single request). The onset is the lowest
+level whose rate Boschloo's one-sided exact test shows above the control's, Holm-adjusted over the
+levels; beside it a Firth logistic fit of corruption on log2(concurrency) draws the onset curve.
+Results go to sweep.json, sweep.md and sweep.html (escaped like every report).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import math
+import shlex
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+from rich.console import Console
+
+from repro.display import say
+from repro.errors import UsageError
+from repro.records import OutcomeCounts
+from repro.store import dump_json, make_run_dir, new_run_dir
+
+MAX_LEVELS = 32
+
+
+def _span(part: str) -> list[int]:
+    """`1-64:x2` (doubling, the default step) or `8-64:+8`: the levels from low up to high."""
+    span, _, step = part.partition(":")
+    low, high = (int(x) for x in span.split("-", 1))
+    step = step or "x2"
+    kind, size = step[0], int(step[1:])
+    if low < 1 or high < low or kind not in "x+" or size < (2 if kind == "x" else 1):
+        raise ValueError(part)
+    values = [low]
+    while (values[-1] * size if kind == "x" else values[-1] + size) <= high:
+        values.append(values[-1] * size if kind == "x" else values[-1] + size)
+    return values
+
+
+def parse_levels(text: str) -> list[int]:
+    """`1,8,16,32,60` or ranges `1-64:x2` / `8-64:+8`, mixed freely: sorted and distinct."""
+    try:
+        levels = {value for part in text.split(",") for value in
+                  (_span(part.strip()) if "-" in part else [int(part.strip())])}
+    except ValueError:
+        raise UsageError(f"--concurrency {text!r}: expected levels like 1,8,16,32,60 or a range like 1-64:x2 "
+                         "or 8-64:+8") from None
+    if min(levels) < 1:
+        raise UsageError(f"--concurrency {text!r}: every level must be at least 1")
+    if not 2 <= len(levels) <= MAX_LEVELS:
+        raise UsageError(f"--concurrency {text!r}: a sweep needs 2 to {MAX_LEVELS} levels, got {len(levels)}")
+    return sorted(levels)
+
+
+@dataclass(frozen=True)
+class LevelResult:
+    concurrency: int
+    run_dir: str
+    sessions: int
+    clean: int
+    corrupt: int
+    timeout: int
+    error: int
+    corruption: tuple[float | None, float, float]
+    """Rate over completed sessions, with its Clopper-Pearson interval."""
+    timeouts: tuple[float | None, float, float]
+    """Timed-out share of all sessions, with its interval."""
+    p_vs_control: float | None = None
+    p_holm: float | None = None
+    above_control: bool = False
+
+
+@dataclass(frozen=True)
+class OnsetCurve:
+    """Firth logistic fit: logit(rate) = intercept + slope * log2(concurrency)."""
+
+    intercept: float | None
+    slope: float | None
+    slope_low: float | None
+    slope_high: float | None
+    p: float | None
+    points: list[tuple[float, float]] = field(default_factory=list)
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    name: str
+    target: str
+    confidence: float
+    sessions_per_level: int
+    levels: list[LevelResult]
+    onset: int | None
+    control_corrupt: bool
+    curve: OnsetCurve
+    conclusion: str
+    started_at: str
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _fit_curve(levels: Sequence[LevelResult], confidence: float) -> OnsetCurve:
+    import warnings
+
+    import numpy as np
+
+    rows = [(math.log2(level.concurrency), level.corrupt, level.clean) for level in levels if level.corrupt + level.clean]
+    events = sum(r[1] for r in rows)
+    if not rows or events == 0 or events == sum(r[1] + r[2] for r in rows):
+        return OnsetCurve(None, None, None, None, None, note="no curve: every completed session at every level "
+                          + ("was clean" if events == 0 else "was corrupt"))
+    from firthmodels import FirthLogisticRegression  # slow to import: only when fitting
+
+    x = np.repeat(np.array([[r[0]] for r in rows]), 2, axis=0)
+    y = np.tile([1, 0], len(rows))
+    weights = np.array([w for r in rows for w in (r[1], r[2])], dtype=float)
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        try:
+            model = FirthLogisticRegression(backend="numpy", max_iter=100).fit(x, y, sample_weight=weights)
+            model.lrt(0)
+            p = float(model.lrt_pvalues_[0])
+            low, high = (float(v) for v in model.conf_int(alpha=1 - confidence, method="pl", features=0)[0])
+        except (np.linalg.LinAlgError, ValueError) as err:
+            return OnsetCurve(None, None, None, None, None, note=f"no curve: the Firth fit failed ({err})")
+    slope, intercept = float(model.coef_[0]), float(model.intercept_)
+    top = max(level.concurrency for level in levels)
+    grid = np.unique(np.round(np.geomspace(1, top, 40), 3))
+    points = [(float(c), float(1 / (1 + math.exp(-(intercept + slope * math.log2(c)))))) for c in grid]
+    return OnsetCurve(intercept, slope, low, high, None if math.isnan(p) else p, points)
+
+
+def analyse(levels: list[LevelResult], *, confidence: float) -> tuple[list[LevelResult], int | None, OnsetCurve, str]:
+    """Each level against the control (the lowest level, concurrency 1 when swept), Holm over the levels."""
+    from repro.stats import compare, holm
+
+    alpha = 1 - confidence
+    control, rest = levels[0], levels[1:]
+    tests = [compare(level.corrupt, level.corrupt + level.clean, control.corrupt, control.corrupt + control.clean,
+                     alternative="greater").p_boschloo if level.corrupt + level.clean and control.corrupt + control.clean
+             else 1.0 for level in rest]
+    adjusted = holm(tests) if tests else []
+    judged = [control] + [
+        LevelResult(**{**asdict(level), "p_vs_control": p, "p_holm": q, "above_control": q < alpha})
+        for level, p, q in zip(rest, tests, adjusted)
+    ]
+    onset = next((level.concurrency for level in judged[1:] if level.above_control), None)
+    curve = _fit_curve(judged, confidence)
+    rate = control.corruption[0] or 0.0
+    base = f"concurrency {control.concurrency} (the control): {control.corrupt} of {control.corrupt + control.clean} corrupt"
+    if onset is not None:
+        conclusion = (f"onset at concurrency {onset}: the lowest level whose corruption rate is shown above the "
+                      f"control's (Boschloo one-sided, Holm-adjusted, alpha {alpha:g}); {base}")
+    elif control.corrupt:
+        conclusion = (f"no onset: no level is shown above the control, which corrupts already ({100 * rate:.1f}%): "
+                      f"the corruption does not depend on concurrency (a model habit or a single-request fault); {base}")
+    else:
+        conclusion = f"no onset: no level's corruption rate is shown above the control's; {base}"
+    return judged, onset, curve, conclusion
+
+
+def level_result(concurrency: int, run_dir: Path, confidence: float) -> LevelResult:
+    from repro.stats import clopper_pearson
+    from repro.store import load_run
+
+    counts = OutcomeCounts.of(load_run(run_dir).sessions)
+    judged = counts.clean + counts.corrupt + counts.timeout + counts.error
+    rate = clopper_pearson(counts.corrupt, counts.completed, confidence)
+    share = clopper_pearson(counts.timeout, judged, confidence)
+    return LevelResult(
+        concurrency=concurrency, run_dir=run_dir.name, sessions=judged, clean=counts.clean, corrupt=counts.corrupt,
+        timeout=counts.timeout, error=counts.error, corruption=(rate.estimate, rate.low, rate.high),
+        timeouts=(share.estimate, share.low, share.high),
+    )
+
+
+@dataclass(frozen=True)
+class SpecDeployment:
+    """A matrix spec's deployment for one cell (`--spec SPEC --cell factor=level ...`), launched once."""
+
+    spec: Path
+    cell: dict[str, str]
+    variables: dict[str, str] = field(default_factory=dict)
+
+
+def _spec_cell(target: SpecDeployment) -> tuple[Any, Any, dict[str, Any]]:
+    """The spec, the planned run of the chosen cell, and the spec's load options (the sweep sets the rest)."""
+    from repro.matrix.design import Cell, PlannedRun
+    from repro.matrix.spec import load_spec
+
+    spec = load_spec(target.spec, target.variables)
+    chosen = dict(target.cell)
+    for factor, definition in spec.factors.items():
+        level = chosen.pop(factor, None)
+        if level is None:
+            raise UsageError(f"--cell: no level for factor {factor!r} of {target.spec} "
+                             f"(one of {', '.join(definition.levels)})")
+        if level not in definition.levels:
+            raise UsageError(f"--cell {factor}={level}: not a level of {factor!r} "
+                             f"(one of {', '.join(definition.levels)})")
+    if chosen:
+        raise UsageError(f"--cell: {', '.join(sorted(chosen))} is not a factor of {target.spec}")
+    cell = Cell(tuple((factor, target.cell[factor]) for factor in spec.factors))
+    load = {key: value for key, value in dict(spec.load).items() if key not in ("sessions", "concurrency", "out", "name")}
+    return spec, PlannedRun(cell=cell, replicate=1, order=0), load
+
+
+@contextlib.contextmanager
+def _deployment(
+    base_url: str | None, sim_args: list[str], spec: SpecDeployment | None, out: Path, console: Console
+) -> Iterator[tuple[str, str]]:
+    """The deployment every level runs against: `base_url`, a matrix spec's cell, or one embedded simulator."""
+    if base_url is not None:
+        yield base_url, base_url
+        return
+    if spec is not None:
+        from repro.matrix.deploy import CellDeployment, resolve
+
+        matrix, run, _ = _spec_cell(spec)
+        launch = resolve(matrix, run, log_dir=out / "logs")
+        with CellDeployment(launch, out / "logs", cell=run.key) as confirmation:
+            for note in confirmation.notes:
+                say(console, f"sweep: not verified: {note}")
+            say(console, f"sweep: launched cell {run.cell.name} of {spec.spec} at {launch.url}")
+            yield f"{launch.url}/v1", f"{matrix.name}: cell {run.cell.name}"
+        return
+    from repro.runner import EMBEDDED_SIM_ARGS
+    from repro.sim.launch import start_sim
+
+    args = [*EMBEDDED_SIM_ARGS, *sim_args]
+    with start_sim(args, log_path=out / "sim.log") as sim:
+        say(console, f"sweep: started the embedded simulator at {sim.base_url} ({shlex.join(args)})")
+        yield sim.base_url, f"embedded simulator ({shlex.join(args)})"
+
+
+def run_sweep(
+    levels: list[int],
+    *,
+    sessions: int = 60,
+    out: Path | None = None,
+    base_url: str | None = None,
+    sim_args: Sequence[str] = (),
+    spec: SpecDeployment | None = None,
+    confidence: float = 0.95,
+    run_options: dict[str, Any] | None = None,
+    console: Console | None = None,
+) -> SweepResult:
+    """Run every level (control first) and write sweep.json, sweep.md and sweep.html into `out`."""
+    from repro.runner import RunOptions, execute_run
+
+    console = console or Console()
+    if not 0.5 < confidence < 1.0:
+        raise UsageError(f"--confidence must be above 0.5 and below 1, got {confidence}")
+    if spec is not None and base_url is not None:
+        raise UsageError("--spec and --base-url name two deployments: give one")
+    # A spec's load section is the workload of every level (concurrency and sessions are the sweep's).
+    base = {**(_spec_cell(spec)[2] if spec is not None else {}), "sessions": sessions, **(run_options or {})}
+    RunOptions.parse({**base, "base_url": base_url, "concurrency": max(levels)}, source="sweep options")
+    if out is None:
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        out = new_run_dir(Path("reports"), f"{stamp}-sweep")
+    else:
+        make_run_dir(out)
+    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    results: list[LevelResult] = []
+    with _deployment(base_url, list(sim_args), spec, out, console) as (url, target):
+        for concurrency in levels:
+            run_dir = out / f"c{concurrency:03d}"
+            options = RunOptions.parse({**base, "base_url": url, "concurrency": concurrency, "out": run_dir,
+                                        "name": f"c{concurrency}"}, source="sweep options")
+            say(console, f"sweep: concurrency {concurrency}: {sessions} sessions")
+            execute_run(options, console=Console(file=io.StringIO()), live=False, report=False)
+            results.append(level_result(concurrency, run_dir, confidence))
+            level = results[-1]
+            say(console, f"sweep: concurrency {concurrency}: {level.corrupt} of {level.corrupt + level.clean} "
+                         f"completed corrupt, {level.timeout} timed out")
+    judged, onset, curve, conclusion = analyse(results, confidence=confidence)
+    result = SweepResult(
+        name=out.name, target=target, confidence=confidence, sessions_per_level=sessions, levels=judged, onset=onset,
+        control_corrupt=judged[0].corrupt > 0, curve=curve, conclusion=conclusion, started_at=started,
+    )
+    write_outputs(result, out)
+    say(console, f"sweep: {conclusion}")
+    say(console, f"sweep: wrote {out / 'sweep.json'}, {out / 'sweep.md'}, {out / 'sweep.html'}")
+    return result
+
+
+def write_outputs(result: SweepResult, out: Path) -> None:
+    from repro.sweep_report import render_html, render_markdown
+
+    dump_json(out / "sweep.json", result.as_json())
+    (out / "sweep.md").write_text(render_markdown(result), encoding="utf-8")
+    (out / "sweep.html").write_text(render_html(result), encoding="utf-8")
