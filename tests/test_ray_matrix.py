@@ -151,6 +151,8 @@ def test_cells_run_on_the_nodes_their_resources_name_with_the_local_verdicts(
     analyses = [json.loads((tmp_path / name / "matrix.json").read_text()) for name in ("ray", "local")]
     verdicts = [{f["factor"]: f["verdict"] for f in analysis["factors"]} for analysis in analyses]
     assert verdicts[0] == verdicts[1] and set(verdicts[0]) == {"hicache", "index_k"}
+    # What the tasks printed names the runs' directories in the matrix directory, not on the nodes.
+    assert f"Run directory: {tmp_path / 'ray' / 'cells'}" in (tmp_path / "ray.log").read_text()
     # The matrix report names the node of every run.
     assert nodes["node_b"][:12] in (tmp_path / "ray" / "report.html").read_text()
     assert not marked_pids(mark)

@@ -35,6 +35,8 @@ from repro.node import where
 
 CANCEL_GRACE_S = 60.0
 """After Ctrl-C, how long the tasks get to stop their deployments before they are killed."""
+SCRATCH = "\x00scratch\x00"
+"""Stands for the task's scratch directory in what it printed; the driver puts the matrix directory there."""
 UNPLACEABLE_AFTER_S = 10.0
 """A run no live node can take fails after this long (an autoscaler may add such a node meanwhile)."""
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -86,14 +88,15 @@ def _cell_task(spec: MatrixSpec, run: PlannedRun, total: int, cell_reports: bool
     screen = io.StringIO()
     try:
         (scratch / CELLS).mkdir()
-        console = Console(file=screen, width=120, highlight=False)
+        # Wide: the scratch path in what it prints is replaced by the matrix directory's, so it must not wrap.
+        console = Console(file=screen, width=400, highlight=False)
         record = run_cell(spec, run, scratch, total=total, console=console, cell_reports=cell_reports)
         archive = io.BytesIO()
         with tarfile.open(fileobj=archive, mode="w:gz") as tar:
             for top in (CELLS, LOGS):
                 if (scratch / top).exists():
                     tar.add(scratch / top, arcname=top)
-        return record.model_dump_json(), screen.getvalue(), archive.getvalue()
+        return record.model_dump_json(), screen.getvalue().replace(str(scratch), SCRATCH), archive.getvalue()
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
@@ -172,8 +175,8 @@ def execute_on_ray(
                     yield run, _failed(run, asked[run.key], err)
                     continue
                 _unpack(archive, path)
-                for line in printed.splitlines():
-                    console.print(Text(line))
+                for line in printed.replace(SCRATCH, str(path)).splitlines():
+                    console.print(Text(line), soft_wrap=True)  # laid out on the node already
                 yield run, CellRun.model_validate_json(record_json)
     finally:
         _cancel(ray, list(refs), console)
