@@ -17,6 +17,8 @@ import yaml
 
 from repro.matrix.ray_executor import task_options
 from repro.errors import UsageError
+from repro.procs import free_port
+from run_builders import run_main
 from repro.matrix.spec import ResourcesSpec, SpecLoader, load_spec
 
 # A cluster bound to loopback only: without this, Ray resolves 127.0.0.1 to the machine's outward address.
@@ -114,6 +116,22 @@ def test_a_bad_resources_section_is_one_line_naming_it(resources: dict, expected
     with pytest.raises(UsageError) as caught:
         load_spec(path)
     assert expected in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_bad_executor_options_are_one_line_and_make_no_matrix_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "never"
+    cases = [
+        (["--executor", "slurm"], "--executor 'slurm': expected one of local, ray"),
+        (["--ray-address", "127.0.0.1:6379"], "--ray-address needs --executor ray"),
+        (["--executor", "ray", "--ray-address", "nonsense"], "expected HOST:PORT"),
+        (["--executor", "ray", "--ray-address", f"127.0.0.1:{free_port()}"], "nothing answers there"),
+    ]
+    for args, expected in cases:
+        code, _, err = run_main(capsys, "matrix", str(SIM_SPEC), "--out", str(out), *args)
+        assert code == 2 and expected in err and err.count("\n") == 1, err
+        assert not out.exists()
 
 
 def test_cells_run_on_the_nodes_their_resources_name_with_the_local_verdicts(

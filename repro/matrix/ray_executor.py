@@ -14,9 +14,11 @@ process groups that task launched when the worker dies.
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import os
 import shutil
+import socket
 import sys
 import tarfile
 import tempfile
@@ -37,6 +39,7 @@ CANCEL_GRACE_S = 60.0
 """After Ctrl-C, how long the tasks get to stop their deployments before they are killed."""
 SCRATCH = "\x00scratch\x00"
 """Stands for the task's scratch directory in what it printed; the driver puts the matrix directory there."""
+CONNECT_CHECK_S = 10.0
 UNPLACEABLE_AFTER_S = 10.0
 """A run no live node can take fails after this long (an autoscaler may add such a node meanwhile)."""
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -59,6 +62,28 @@ def task_options(resources: dict[str, float]) -> dict[str, Any]:
     return options
 
 
+def require_ray(address: str | None) -> None:
+    """UsageError unless Ray is installed (the `cluster` extra) and something answers at `address`.
+
+    Checked before the matrix directory is made; Ray itself is imported only to connect.
+    """
+    if importlib.util.find_spec("ray") is None:
+        raise UsageError("--executor ray needs Ray: pip install 'repro[cluster]'")
+    if address and address not in ("auto", "local"):
+        _check_reachable(address)
+
+
+def _check_reachable(address: str) -> None:
+    """UsageError at once when nothing answers at HOST:PORT (Ray would retry it for minutes)."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        raise UsageError(f"--ray-address {address}: expected HOST:PORT (the head node's GCS address)")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_CHECK_S).close()
+    except OSError as err:
+        raise UsageError(f"--ray-address {address}: nothing answers there ({err.strerror or err})") from None
+
+
 def _connect(address: str | None) -> tuple[Any, bool]:
     """The `ray` module, connected; True when this call connected it (and should disconnect)."""
     host = (address or "").rpartition(":")[0].strip("[]")
@@ -66,10 +91,7 @@ def _connect(address: str | None) -> tuple[Any, bool]:
         # Ray rewrites a loopback address to the machine's outward one before connecting, which a
         # Ray bound to loopback does not answer. This switch (read when ray is imported) keeps loopback.
         os.environ.setdefault(LOCAL_ONLY_ENV, "0")
-    try:
-        import ray
-    except ImportError:
-        raise UsageError("--executor ray needs Ray: pip install 'repro[cluster]'") from None
+    import ray
     if ray.is_initialized():
         return ray, False
     try:
