@@ -90,15 +90,17 @@ def stopping(stop: Callable[[], None]) -> Iterator[None]:
     only schedule work, e.g. with `loop.call_soon_threadsafe`) instead of raising KeyboardInterrupt.
 
     The handlers stay `request_interrupt` after the block when they were before it (the CLI's case),
-    so later signals keep being counted while the results are saved.
+    so later signals keep being counted while the results are saved. Blocks nest: after an inner
+    block the outer one's `stop` is called again.
     """
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    outer = _interrupt["on_first"]  # blocks nest: a run's waves each stop the load inside the run's own block
     _interrupt["on_first"] = stop
     handle_interrupts()
     try:
         yield
     finally:
-        _interrupt["on_first"] = None
+        _interrupt["on_first"] = outer
         for sig, handler in previous.items():
             if handler is not None:  # None: a handler not installed from Python, which cannot be put back
                 signal.signal(sig, handler)

@@ -8,6 +8,7 @@ and a usage or target error should not wait for them.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import json
@@ -16,6 +17,7 @@ import platform
 import resource
 import shlex
 import sys
+import threading
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -43,6 +45,7 @@ from repro.errors import (
     describe_validation_error,
     load_yaml,
     saving,
+    stopping,
 )
 from repro.load import LoadProgress, run_load
 from repro.matrix.spec import STRING_OR_LIST
@@ -424,25 +427,27 @@ async def _drive(
     records: list[SessionRecord] = []
     progress = LoadProgress(planned=options.sessions)
     origin = progress.t0
-    disk_full = anyio.Event()
+    # Set when the disk fills up, or by a Ctrl-C between two waves (one during a wave stops run_load itself).
+    halt = anyio.Event()
     looks: "list[Look]" = []
 
     def on_finish(record: SessionRecord) -> None:
         records.append(record)
         writer.append_session(record)
         if writer.full is not None:
-            disk_full.set()
+            halt.set()
 
     def keep_raw(session_id: int, turn: int, data: bytes, *, suffix: str = "sse") -> str | None:
         path = writer.write_raw(session_id, turn, data, suffix=suffix)
         if writer.full is not None:
-            disk_full.set()
+            halt.set()
         return path
 
     interrupted = False
     lag: list[float] = []
     worker_lag: list[list[float]] = []
     duration = 0.0
+    loop = asyncio.get_running_loop()
     async with (
         make_client(concurrency) as client,
         httpx.AsyncClient(trust_env=False, headers=config.headers, verify=tls_context()) as side_client,
@@ -453,32 +458,40 @@ async def _drive(
         group.start_soon(show_progress, progress, console, live)
 
         kind = ReplaySession if isinstance(config.workload, Trace) else Session
-        for wave in _waves(options):
+        # Between waves (while the rule looks) a Ctrl-C halts the run as one during a wave does.
+        watch = rule is not None and threading.current_thread() is threading.main_thread()
+        with stopping(lambda: loop.call_soon_threadsafe(halt.set)) if watch else contextlib.nullcontext():
+            for wave in _waves(options):
+                await anyio.lowlevel.checkpoint()  # lets a Ctrl-C that came while the rule looked set `halt`
+                if halt.is_set():
+                    break
 
-            def make_session(index: int, first: int = wave.start) -> Session:
-                return kind(first + index, config, client, keep_raw=keep_raw, origin=origin)
+                def make_session(index: int, first: int = wave.start) -> Session:
+                    return kind(first + index, config, client, keep_raw=keep_raw, origin=origin)
 
-            if options.workers > 1:  # one wave: RunOptions refuses --workers with --until-decided
-                result = await run_sharded(
-                    min(options.workers, concurrency, len(wave)), len(wave), concurrency, config, on_finish, keep_raw,
-                    ramp_up=options.ramp_up, progress=progress, stop=disk_full,
-                )
-            else:
-                result = await run_load(
-                    len(wave), concurrency, make_session, on_finish, ramp_up=options.ramp_up, progress=progress,
-                    stop=disk_full,
-                )
-            lag += result.loop_lag_s
-            worker_lag += result.worker_loop_lag_s
-            duration += result.duration_s
-            interrupted = result.interrupted
-            if interrupted or rule is None:
-                break
-            counts = OutcomeCounts.of(records)
-            looks.append(rule.look(counts.corrupt, counts.completed, len(records)))
-            progress.stopping = f"look {len(looks)}: {rule.describe(looks[-1])}"
-            if looks[-1].decision is not None:
-                break
+                if options.workers > 1:  # one wave: RunOptions refuses --workers with --until-decided
+                    result = await run_sharded(
+                        min(options.workers, concurrency, len(wave)), len(wave), concurrency, config, on_finish, keep_raw,
+                        ramp_up=options.ramp_up, progress=progress, stop=halt,
+                    )
+                else:
+                    result = await run_load(
+                        len(wave), concurrency, make_session, on_finish, ramp_up=options.ramp_up, progress=progress,
+                        stop=halt,
+                    )
+                lag += result.loop_lag_s
+                worker_lag += result.worker_loop_lag_s
+                duration += result.duration_s
+                interrupted = result.interrupted
+                if interrupted or rule is None:
+                    break
+                counts = OutcomeCounts.of(records)
+                looks.append(rule.look(counts.corrupt, counts.completed, len(records)))
+                progress.stopping = f"look {len(looks)}: {rule.describe(looks[-1])}"
+                if looks[-1].decision is not None:
+                    break
+            await anyio.lowlevel.checkpoint()
+            interrupted = interrupted or halt.is_set()
         group.cancel_scope.cancel()
         if not interrupted:
             # The counters as the run ends, whatever the scrape interval left out.

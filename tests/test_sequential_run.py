@@ -6,10 +6,15 @@ in the seeds' configuration it fails early; both spend fewer sessions than the c
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from proc_helpers import poll
+from repro.errors import EXIT_INTERRUPTED
 from repro.gate import evaluate
 from repro.records import SessionRecord
 from repro.stopping import BaselineRule, StoppingRule, replay, waves_of
@@ -122,3 +127,33 @@ def test_until_decided_against_a_baseline_fails_hicache_early(capsys: pytest.Cap
     code, stdout, _ = run_main(capsys, "gate", str(tmp_path / "on"), "--max-corruption-rate", "0.5",
                                "--baseline", str(off))
     assert code == 1 and "baseline: FAIL: looks replayed" in stdout
+
+
+def test_ctrl_c_between_waves_saves_the_summary(tmp_path: Path) -> None:
+    # A large baseline makes the look between two waves take a while (Boschloo over 20 against 1000), so
+    # the SIGINT sent once the first wave is recorded lands while the rule looks, before the second starts.
+    base = make_run(tmp_path / "off", name="off", clean=1000, options={"sessions": 1000})
+    out = tmp_path / "on"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from repro.cli import main; main()", "run", "--sessions", "60", "--concurrency", "20",
+         "--until-decided", "--baseline", str(base), "--sim-args", "--index-k-gate", "--turns", "2",
+         "--timeout", "60", "--out", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    lines = out / "sessions.jsonl"
+    try:
+        assert poll(lambda: (lines.exists() and lines.read_text().count("\n") >= 20) or proc.poll() is not None,
+                    timeout=120), "the first wave did not finish in time"
+        proc.send_signal(signal.SIGINT)
+        stdout, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == EXIT_INTERRUPTED, stdout + err
+    assert "Traceback" not in err and "repro: interrupted" not in err, err
+    summary = load_run(out).summary
+    assert summary is not None and summary.interrupted
+    assert summary.stopping is not None and summary.stopping.decision == "undecided"
+    assert "interrupted before a decision" in summary.stopping.reason
+    # Stopped between the waves: the second never started, so nothing was cut short.
+    assert len(load_run(out).sessions) == 20 and summary.stopping.looks == 1
+    assert (out / "report.html").exists()
