@@ -134,6 +134,8 @@ class MatrixAnalysis:
     verdict: str
     runs: dict[str, int]
     notes: list[str] = field(default_factory=list)
+    sequential: dict[str, Any] | None = None
+    """A sequential design's rounds, looks and what they spent (repro.matrix.sequential.SequentialRecord)."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

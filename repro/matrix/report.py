@@ -15,6 +15,7 @@ import jinja2
 import matplotlib.pyplot as plt
 
 from repro.matrix.analysis import CellResult, CellRun, Effect, MatrixAnalysis
+from repro.matrix.sequential import summary_lines
 from repro.report.junit import add_properties, junit_xml, xml_text
 from repro.report.markdown import md_escape
 from repro.report.model import fmt_pct, fmt_points, fmt_range
@@ -108,6 +109,7 @@ td,th{border:1px solid #ccc;padding:.3em .6em;text-align:right} td.l,th.l{text-a
 alpha {{ a.alpha }}, {{ a.correction }}-adjusted. Baseline:
 {% for f, lv in a.baseline.items() %}{{ f }}={{ lv }}{% if not loop.last %}, {% endif %}{% endfor %}.</p>
 {% for note in a.notes %}<p><em>{{ note }}</em></p>{% endfor %}
+{% if stopping %}<h2>Sequential design</h2><ul>{% for line in stopping %}<li>{{ line }}</li>{% endfor %}</ul>{% endif %}
 <h2>Cells</h2>
 <table><tr>{% for f in factors %}<th class="l">{{ f }}</th>{% endfor %}<th>runs</th><th>clean</th><th>corrupt</th>
 <th>timeout</th><th>error</th><th>wedged</th><th>corruption rate (95% CI)</th><th class="l">inconclusive</th><th class="l">run reports</th></tr>
@@ -148,6 +150,7 @@ def render_html(analysis: MatrixAnalysis, factors: list[str], runs: list[CellRun
     return _TEMPLATE.render(
         reported=reported,
         a=analysis,
+        stopping=summary_lines(analysis.sequential) if analysis.sequential else [],
         factors=factors,
         plot=effects_plot(analysis.factors),
         tables=[
@@ -182,6 +185,8 @@ def render_markdown(analysis: MatrixAnalysis, factors: list[str], runs: list[Cel
                 f"| {md_escape(e.label)} | {md_escape(e.verdict)} | {e.treated.k}/{e.treated.n} | "
                 f"{e.reference.k}/{e.reference.n} | {md_escape(_diff(e))} | {md_escape(_p(e.p_adjusted))} |"
             )
+    if analysis.sequential:
+        lines += ["", *(f"- {md_escape(line)}" for line in summary_lines(analysis.sequential))]
     failed = [r for r in runs or [] if r.status == "failed"]
     if failed:
         lines += ["", "Failed runs, excluded from the analysis (`--resume` reruns them):", ""]

@@ -13,6 +13,7 @@ unfinished run directories aside and reruns them; SIGKILL therefore loses no fin
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -39,6 +40,7 @@ from repro.errors import (
 )
 from repro.matrix.analysis import CellRun, MatrixAnalysis, analyse, cell_counts
 from repro.matrix.deploy import CellDeployment, describe, resolve, stop_stale
+from repro.matrix import sequential
 from repro.matrix.design import Cell, PlannedRun, cells, plan
 from repro.matrix.plan import Plan, PlannedEntry
 from repro.matrix.report import write_reports
@@ -161,6 +163,7 @@ class MatrixRunner:
         self.runs = plan(spec)
         self.cell_order = [c.as_dict() for c in cells(spec)]
         self.records: dict[str, CellRun] = {}
+        self.looks: list[sequential.RoundLook] = []
         self._prepare(spec_text, resume)
 
     def _prepare(self, spec_text: str, resume: bool) -> None:
@@ -203,31 +206,22 @@ class MatrixRunner:
             return None
         return _record_from_summary(run, summary, f"{CELLS}/{run.key}", self.records.get(run.key))
 
-    def _write_matrix(self, *, effects: bool = True) -> MatrixAnalysis:
-        analysis = analyse(self.spec, list(self.records.values()), self.cell_order, len(self.runs), effects=effects)
+    def _write_matrix(self, *, effects: bool = True, interrupted: bool = False) -> MatrixAnalysis:
+        runs = list(self.records.values())
+        if not self.spec.design.sequential:
+            analysis = analyse(self.spec, runs, self.cell_order, len(self.runs), effects=effects)
+        else:
+            analysis = analyse(sequential.look_spec(self.spec), runs, self.cell_order, len(self.runs), effects=effects)
+            spent = sequential.record(self.spec, self.looks, runs, len(self.runs), interrupted=interrupted)
+            analysis.sequential = dataclasses.asdict(spent)
         dump_json(self.path / MATRIX_JSON, analysis.to_json())
         return analysis
 
     def run(self) -> MatrixResult:
         exit_code = EXIT_OK
+        interrupted = False
         try:
-            pending = []
-            for run in self.runs:
-                done = self._finished(run)
-                if done is not None:
-                    self.records[run.key] = done
-                else:
-                    pending.append(run)
-            with contextlib.closing(self._execute(pending)) as ended:
-                for run, record in ended:
-                    self.records[run.key] = record
-                    _append_progress(self.path / PROGRESS, record)
-                    self._write_matrix(effects=False)
-                    self._show(run, record)
-                    if record.status == "failed":
-                        exit_code = EXIT_TARGET
-                        if not self.keep_going:
-                            break
+            exit_code = self._run_rounds() if self.spec.design.sequential else self._run_all(self.runs)[0]
         except BaseException as err:
             if not is_interrupt(err):
                 raise
@@ -235,13 +229,68 @@ class MatrixRunner:
                 Text("matrix interrupted: every process stopped; finished cells are kept (resume with --resume)")
             )
             exit_code = EXIT_INTERRUPTED
+            interrupted = True
         try:
-            analysis = self._write_matrix()
+            analysis = self._write_matrix(interrupted=interrupted)
         except Exception as err:  # noqa: BLE001 - a bug in the statistics must not cost the cells' data
             if is_interrupt(err):
                 raise
             return MatrixResult(self.path, self._write_matrix(effects=False), exit_code, f"{type(err).__name__}: {err}")
         return MatrixResult(self.path, analysis, exit_code)
+
+    def _run_all(self, runs: list[PlannedRun]) -> tuple[int, bool]:
+        """Run (or keep, when finished before a resume) each of `runs`: the exit code so far, and whether
+        a failed run stopped the matrix (no --keep-going)."""
+        exit_code = EXIT_OK
+        pending = []
+        for run in runs:
+            done = self._finished(run)
+            if done is not None:
+                self.records[run.key] = done
+            else:
+                pending.append(run)
+        with contextlib.closing(self._execute(pending)) as ended:
+            for run, record in ended:
+                self.records[run.key] = record
+                _append_progress(self.path / PROGRESS, record)
+                self._write_matrix(effects=False)
+                self._show(run, record)
+                if record.status == "failed":
+                    exit_code = EXIT_TARGET
+                    if not self.keep_going:
+                        return exit_code, True
+        return exit_code, False
+
+    def _run_rounds(self) -> int:
+        """The sequential design: round after round of the cells still needed, a look after each."""
+        exit_code = EXIT_OK
+        self.looks = []
+        design_cells = cells(self.spec)
+        needed = design_cells
+        rounds = sequential.max_rounds(self.spec)
+        for round_ in range(1, rounds + 1):
+            runs = sequential.round_runs(self.runs, round_, needed)
+            self.console.print(Text(f"round {round_} of at most {rounds}: {len(runs)} cell(s)"))
+            code, halted = self._run_all(runs)
+            exit_code = code if code != EXIT_OK else exit_code
+            if halted:
+                break
+            analysis = sequential.look(self.spec, list(self.records.values()), self.cell_order, len(self.runs))
+            open_effects = sequential.undecided(analysis)
+            needed = [] if round_ == rounds else sequential.needed_cells(
+                self.spec, analysis, design_cells, list(self.records.values())
+            )
+            self.looks.append(sequential.RoundLook(
+                round=round_, runs=[run.key for run in runs],
+                decided={e.label: e.verdict for e in analysis.factors if e not in open_effects},
+                undecided=[e.label for e in open_effects], next_cells=[cell.name for cell in needed],
+            ))
+            decided = ", ".join(f"{label}: {verdict}" for label, verdict in self.looks[-1].decided.items()) or "nothing"
+            self.console.print(Text(f"look {round_} (alpha {analysis.alpha:.3g}): decided {decided}; "
+                                    f"{len(needed)} cell(s) still needed"))
+            if not needed:
+                break
+        return exit_code
 
     def _execute(self, pending: list[PlannedRun]) -> Iterator[tuple[PlannedRun, CellRun]]:
         """Each pending run with its record as it ends: one after another here, or at once on Ray."""
@@ -395,6 +444,9 @@ def run_matrix(
             f"re-analyse with `repro matrix {spec_path} --out {path} --resume`"
         )
     console.print(Text(result.analysis.verdict or "No finished cells: no verdict."))
+    if result.analysis.sequential:
+        for line in sequential.summary_lines(result.analysis.sequential)[-2:]:  # what was spent, why it stopped
+            console.print(Text(line))
     failed = sum(r.status == "failed" for r in runner.records.values())
     if failed:
         console.print(Text(f"{failed} run(s) failed and are excluded from the analysis (--resume reruns them)."))

@@ -1,0 +1,102 @@
+"""The sequential matrix's round and stop logic on hand-made counts: alpha split over the looks, which
+cells an undecided verdict still needs, which runs a round holds, and what was spent against the fixed design."""
+
+from __future__ import annotations
+
+from repro.matrix import sequential
+from repro.matrix.analysis import CellRun
+from repro.matrix.design import cells, plan
+from repro.matrix.spec import MatrixSpec
+
+from test_matrix_analysis import Outcomes, hicache_story, make_spec
+
+
+def round_one(spec: MatrixSpec, outcomes: Outcomes) -> list[CellRun]:
+    """The finished runs of round 1 (replicate 1 of every cell)."""
+    runs = []
+    for run in sequential.round_runs(plan(spec), 1, cells(spec)):
+        counts = outcomes(run.cell.as_dict())
+        runs.append(CellRun(key=run.key, cell=run.cell.as_dict(), replicate=run.replicate, order=run.order,
+                            status="finished", counts=counts, run_dir=f"cells/{run.key}"))
+    return runs
+
+
+def look(spec: MatrixSpec, runs: list[CellRun]):  # noqa: ANN201 - MatrixAnalysis
+    return sequential.look(spec, runs, [c.as_dict() for c in cells(spec)], len(plan(spec)))
+
+
+def test_rounds_take_one_replicate_of_the_needed_cells_in_plan_order() -> None:
+    spec = make_spec(["hicache", "index_k"], design={"replicates": 3, "sequential": True, "seed": 5})
+    everything = plan(spec)
+    second = sequential.round_runs(everything, 2, cells(spec)[1:])
+    assert [r.replicate for r in second] == [2, 2, 2]
+    assert [r.order for r in second] == sorted(r.order for r in second)
+    assert cells(spec)[0] not in {r.cell for r in second}
+    assert sequential.look_spec(spec).design.alpha == spec.design.alpha / 3
+
+
+def test_a_clear_story_is_decided_after_one_round_at_the_split_alpha() -> None:
+    def story(cell: dict[str, str]) -> dict[str, int]:  # the simulator's shape: 1 of 30 with fp8, 15 with bf16
+        corrupt = 0 if cell["hicache"] == "off" else (1 if cell["index_k"] == "fp8" else 15)
+        return {"clean": 30 - corrupt, "corrupt": corrupt, "timeout": 0, "error": 0}
+
+    spec = make_spec(["hicache", "index_k"], design={"replicates": 2, "sequential": True})
+    runs = round_one(spec, story)
+    # The seeds' milder shape (3 against 11 of 30) does not widen at 0.025 yet: round 2 runs the HiCache-on cells.
+    milder = round_one(spec, hicache_story)
+    assert [c.level("hicache") for c in sequential.needed_cells(spec, look(spec, milder), cells(spec), milder)] == ["on", "on"]
+    analysis = look(spec, runs)
+    assert analysis.alpha == 0.025  # 0.05 over two looks
+    assert {e.factor: e.verdict for e in analysis.factors} == {"hicache": "causes", "index_k": "widens"}
+    assert sequential.undecided(analysis) == []
+    assert sequential.needed_cells(spec, analysis, cells(spec), runs) == []
+    spent = sequential.record(spec, [sequential.RoundLook(1, [r.key for r in runs], {}, [], [])], runs, 8,
+                              interrupted=False)
+    assert (spent.sessions, spent.fixed_sessions) == (4 * 30, 0)  # make_spec's load names no session count
+    assert (spent.server_starts, spent.fixed_server_starts, spent.saved["server_starts"]) == (4, 8, 0.5)
+    assert spent.stopped == "every factor decided after round 1 of at most 2"
+
+
+def test_an_undecided_factor_keeps_only_the_cells_a_decided_cause_does_not_rule_out() -> None:
+    # HiCache causes; index-K does nothing (3 of 30 corrupt either way with HiCache on).
+    def story(cell: dict[str, str]) -> dict[str, int]:
+        corrupt = 0 if cell["hicache"] == "off" else 3
+        return {"clean": 30 - corrupt, "corrupt": corrupt, "timeout": 0, "error": 0}
+
+    spec = make_spec(["hicache", "index_k"], design={"replicates": 3, "sequential": True})
+    runs = round_one(spec, story)
+    analysis = look(spec, runs)
+    verdicts = {e.factor: e.verdict for e in analysis.factors}
+    assert verdicts["index_k"] not in sequential.DECIDED
+    needed = sequential.needed_cells(spec, analysis, cells(spec), runs)
+    # The HiCache-off cells showed no corruption: index-K's stratified test learns nothing there.
+    if verdicts["hicache"] == "causes":
+        assert {c.level("hicache") for c in needed} == {"on"} and len(needed) == 2
+    else:  # 6 of 60 against 0 of 60 at 0.05 / 3: HiCache undecided too, so every cell is still needed
+        assert len(needed) == 4
+    # Had a HiCache-off cell corrupted once, those cells would carry information and stay.
+    def leaky(cell: dict[str, str]) -> dict[str, int]:
+        counts = story(cell)
+        if cell == {"hicache": "off", "index_k": "bf16"}:
+            counts.update(clean=29, corrupt=1)
+        return counts
+
+    runs = round_one(spec, leaky)
+    assert len(sequential.needed_cells(spec, look(spec, runs), cells(spec), runs)) == 4
+
+
+def test_the_record_says_why_it_stopped() -> None:
+    spec = make_spec(["hicache"], design={"replicates": 3, "sequential": True})
+    spec = spec.model_copy(update={"load": {"sessions": 30}})
+    runs = round_one(spec, lambda cell: {"clean": 30, "corrupt": 0, "timeout": 0, "error": 0})
+    first = sequential.RoundLook(1, [r.key for r in runs], {}, ["hicache on vs off"], ["hicache-off", "hicache-on"])
+    last = sequential.RoundLook(3, [r.key for r in runs], {}, ["hicache on vs off"], [])
+    capped = sequential.record(spec, [first, last], runs, 6, interrupted=False)
+    assert capped.stopped.startswith("reached the cap of 3 rounds with 1 comparison(s) not decided")
+    assert (capped.sessions, capped.fixed_sessions, capped.saved["sessions"]) == (60, 180, 1 - 60 / 180)
+    assert sequential.record(spec, [first], runs, 6, interrupted=True).stopped == "interrupted in round 2"
+    assert sequential.record(spec, [first], runs, 6, interrupted=False).stopped.startswith("a run of round 2 failed")
+    lines = sequential.summary_lines(capped.__dict__ | {"looks": [first.__dict__, last.__dict__]})
+    assert lines[0].startswith("Sequential design: at most 3 rounds; Bonferroni over the rounds' looks")
+    assert "each look at alpha 0.0167" in lines[0]
+    assert lines[-2].startswith("Spent 2 round(s), 60 sessions and 2 server starts, against 180 sessions and 6 starts")
