@@ -335,3 +335,53 @@ def test_a_cell_whose_port_another_server_answers_fails_and_is_not_analysed(tmp_
     assert "4 run(s) failed and are excluded from the analysis" in done.stderr
     assert "Excluded from the analysis" in (matrix / "report.html").read_text()
     assert "Failed runs, excluded from the analysis" in (matrix / "report.md").read_text()
+
+
+def test_sequential_sim_matrix_stops_when_decided_and_starts_no_more_servers(tmp_path: Path) -> None:
+    spec = sim_spec(tmp_path, "seq", load=QUICK, variables=QUICK_SIM,
+                    design={"seed": 11, "min_completed": 20, "replicates": 2, "sequential": True})
+    matrix = tmp_path / "m"
+    proc = start(["matrix", str(spec), "--out", str(matrix), "--no-cell-reports"], tmp_path / "m.log")
+    assert proc.wait(timeout=300) == 0, (tmp_path / "m.log").read_text()[-3000:]
+    result = json.loads((matrix / "matrix.json").read_text())
+    spent = result["sequential"]
+    detail = f"{result['verdict']} {spent}"
+    assert result["factors"][0]["verdict"] == "causes" and result["alpha"] == 0.025, detail
+    records = progress(matrix)
+    assert spent["server_starts"] == len(records) <= spent["fixed_server_starts"] == 8, detail
+    assert spent["sessions"] == sum(sum(r["counts"].values()) for r in records) < spent["fixed_sessions"] == 192
+    # Each round starts a cell's server once at most, and a later round only cells the first left undecided.
+    rounds = [look["runs"] for look in spent["looks"]]
+    assert len(rounds[0]) == 4 and all(len(set(k.rsplit("-r", 1)[0] for k in keys)) == len(keys) for keys in rounds)
+    if spent["rounds"] == 1:
+        assert spent["stopped"] == "every factor decided after round 1 of at most 2" and len(records) == 4, detail
+    markdown = (matrix / "report.md").read_text()
+    assert "Sequential design: at most 2 rounds" in markdown and f"Stopped: {spent['stopped']}." in markdown
+    assert "Sequential design" in (matrix / "report.html").read_text()
+    assert all(group_gone(g) for g in launched_groups(matrix))
+
+
+def test_a_sequential_matrix_resumes_at_the_round_it_was_in(tmp_path: Path) -> None:
+    # No corruption at all (no simulated clock): nothing is decided, so round 2 runs every cell again.
+    spec = sim_spec(tmp_path, "seqkill", load=TINY, variables={"time_scale": "0", "final_after": "2"},
+                    design={"replicates": 2, "sequential": True})
+    matrix = tmp_path / "m"
+    proc = start(["matrix", str(spec), "--out", str(matrix), "--no-cell-reports"], tmp_path / "m.log")
+    try:
+        poll(lambda: len(progress(matrix)) >= 4 and bool(list(matrix.glob("logs/*-r2/processes.json"))), 120,
+             "round 1 finished and round 2 launched")
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+    first = {r["key"]: (matrix / "cells" / r["key"] / "summary.json").stat().st_mtime_ns
+             for r in progress(matrix) if r["key"].endswith("-r1")}
+    assert len(first) == 4
+    resumed = start(["matrix", str(spec), "--out", str(matrix), "--resume", "--no-cell-reports"], tmp_path / "r.log")
+    assert resumed.wait(timeout=180) == 0, (tmp_path / "r.log").read_text()[-2000:]
+    for key, stamp in first.items():
+        assert (matrix / "cells" / key / "summary.json").stat().st_mtime_ns == stamp, f"{key} was rerun"
+    spent = json.loads((matrix / "matrix.json").read_text())["sequential"]
+    assert spent["rounds"] == 2 and spent["server_starts"] == 8 and spent["sessions"] == 32
+    assert spent["looks"][0]["next_cells"] and spent["looks"][1]["next_cells"] == []
+    assert spent["stopped"].startswith("reached the cap of 2 rounds"), spent
+    assert all(group_gone(g) for g in launched_groups(matrix))
