@@ -100,3 +100,22 @@ def test_the_record_says_why_it_stopped() -> None:
     assert lines[0].startswith("Sequential design: at most 3 rounds; Bonferroni over the rounds' looks")
     assert "each look at alpha 0.0167" in lines[0]
     assert lines[-2].startswith("Spent 2 round(s), 60 sessions and 2 server starts, against 180 sessions and 6 starts")
+
+
+def test_causes_that_act_only_together_stay_open() -> None:
+    # No corruption yet with fp8: HiCache and bf16 both "cause" it, together; one corrupt fp8 session
+    # in a later round would make bf16 HiCache's amplifier instead, so the next round runs every cell.
+    def story(cell: dict[str, str]) -> dict[str, int]:
+        corrupt = 15 if cell == {"hicache": "on", "index_k": "bf16"} else 0
+        return {"clean": 30 - corrupt, "corrupt": corrupt, "timeout": 0, "error": 0}
+
+    spec = make_spec(["hicache", "index_k"], design={"replicates": 2, "sequential": True})
+    runs = round_one(spec, story)
+    analysis = look(spec, runs)
+    assert {e.factor: e.verdict for e in analysis.factors} == {"hicache": "causes", "index_k": "causes"}
+    assert len(sequential.undecided(analysis)) == 2
+    after = sequential.after_round(spec, 1, sequential.round_runs(plan(spec), 1, cells(spec)), runs,
+                                   [c.as_dict() for c in cells(spec)], 8, cells(spec))
+    assert after.decided == {} and len(after.next_cells) == 4
+    last = sequential.after_round(spec, 2, [], runs, [c.as_dict() for c in cells(spec)], 8, cells(spec))
+    assert last.next_cells == []  # the cap: no round 3

@@ -59,6 +59,8 @@ class CellRun(BaseModel):
 
 
 Outcome = Literal["corruption", "timeout", "wedge"]
+TOGETHER = "acts only together with "
+"""The reason of causes the data cannot rank: no corruption without each of them (more data may split them)."""
 
 EVENTS: dict[str, Callable[[OutcomeCounts], tuple[int, int]]] = {
     # Corruption is judged over completed sessions only; a timeout proves neither clean nor corrupt.
@@ -510,7 +512,7 @@ def _judge_corruption(spec: MatrixSpec, totals: dict, effects: list[Effect]) -> 
     for effect in needed:
         others = [f"{spec.label(o.factor)} {o.level}" for o in needed if o is not effect]
         if others:
-            effect.reasons.append("acts only together with " + ", ".join(others))
+            effect.reasons.append(TOGETHER + ", ".join(others))
     for effect in causes:
         caveat = _censoring_caveat(spec, totals, effect, None, tests=len(effects))
         if caveat:

@@ -275,19 +275,13 @@ class MatrixRunner:
             exit_code = code if code != EXIT_OK else exit_code
             if halted:
                 break
-            analysis = sequential.look(self.spec, list(self.records.values()), self.cell_order, len(self.runs))
-            open_effects = sequential.undecided(analysis)
-            needed = [] if round_ == rounds else sequential.needed_cells(
-                self.spec, analysis, design_cells, list(self.records.values())
-            )
-            self.looks.append(sequential.RoundLook(
-                round=round_, runs=[run.key for run in runs],
-                decided={e.label: e.verdict for e in analysis.factors if e not in open_effects},
-                undecided=[e.label for e in open_effects], next_cells=[cell.name for cell in needed],
+            self.looks.append(sequential.after_round(
+                self.spec, round_, runs, list(self.records.values()), self.cell_order, len(self.runs), design_cells
             ))
+            needed = [cell for cell in design_cells if cell.name in self.looks[-1].next_cells]
             decided = ", ".join(f"{label}: {verdict}" for label, verdict in self.looks[-1].decided.items()) or "nothing"
-            self.console.print(Text(f"look {round_} (alpha {analysis.alpha:.3g}): decided {decided}; "
-                                    f"{len(needed)} cell(s) still needed"))
+            self.console.print(Text(f"look {round_} (alpha {sequential.look_spec(self.spec).design.alpha:.3g}): "
+                                    f"decided {decided}; {len(needed)} cell(s) still needed"))
             if not needed:
                 break
         return exit_code

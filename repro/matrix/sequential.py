@@ -9,9 +9,11 @@ spec's correction (Holm) across the factors within a look. Each look runs the wh
 alpha / K, so the chance that any look wrongly finds an effect is at most K * (alpha / K) = alpha,
 whatever the rounds run. The last look's verdicts are at alpha / K too (what early stopping costs).
 
-A comparison is decided once its verdict is a finding (causes, widens, reduces): the analysis claims
-no more of it with more data. "No detectable effect" and "inconclusive" are not decisions before
-the last round (they are statements about too little data), so they keep their cells running.
+A comparison is decided once its verdict is a finding (causes, widens, reduces) that more data would
+not relabel: causes that "act only together" (no corruption yet in any cell without each of them)
+stay open, since one corrupt session without one of them makes it the cause and the other its
+amplifier. "No detectable effect" and "inconclusive" are not decisions before the last round (they
+are statements about too little data), so they keep their cells running.
 
 A cell is needed while it lies in an arm of an undecided comparison, except in a stratum a decided
 cause rules out: when a factor causes corruption at level L and every cell with it at its baseline
@@ -27,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from repro.matrix.analysis import CellRun, Effect, MatrixAnalysis, analyse, cell_counts
+from repro.matrix.analysis import TOGETHER, CellRun, Effect, MatrixAnalysis, analyse, cell_counts
 from repro.matrix.design import Cell, PlannedRun
 from repro.matrix.spec import MatrixSpec
 
@@ -46,14 +48,19 @@ def look_spec(spec: MatrixSpec) -> MatrixSpec:
 
 
 def undecided(analysis: MatrixAnalysis) -> list[Effect]:
-    return [effect for effect in analysis.factors if effect.verdict not in DECIDED]
+    """The comparisons a next round could still change: no finding yet, or causes that act only together
+    (no corruption without each of them so far: one corrupt session without one of them would rank them)."""
+    return [
+        effect for effect in analysis.factors
+        if effect.verdict not in DECIDED or any(reason.startswith(TOGETHER) for reason in effect.reasons)
+    ]
 
 
 def needed_cells(spec: MatrixSpec, analysis: MatrixAnalysis, design_cells: list[Cell], runs: list[CellRun]) -> list[Cell]:
     """The cells some undecided comparison still needs, in `design_cells`' order."""
     open_effects = undecided(analysis)
     totals = cell_counts(runs)
-    causes = [e for e in analysis.factors if e.verdict == "causes"]
+    causes = [e for e in analysis.factors if e.verdict == "causes" and e not in open_effects]
 
     def ruled_out(cell: Cell) -> bool:
         for cause in causes:
@@ -105,6 +112,21 @@ def round_runs(planned: Iterable[PlannedRun], round_: int, cells: list[Cell]) ->
     """Round `round_`'s runs: the plan's replicate-`round_` runs of `cells`, in the plan's order."""
     wanted = set(cells)
     return [run for run in planned if run.replicate == round_ and run.cell in wanted]
+
+
+def after_round(
+    spec: MatrixSpec, round_: int, ran: list[PlannedRun], records: list[CellRun], cell_order: list[dict[str, str]],
+    planned: int, design_cells: list[Cell],
+) -> RoundLook:
+    """The look after round `round_` over every record so far, and the cells the next round runs."""
+    analysis = look(spec, records, cell_order, planned)
+    open_effects = undecided(analysis)
+    following = [] if round_ >= max_rounds(spec) else needed_cells(spec, analysis, design_cells, records)
+    return RoundLook(
+        round=round_, runs=[run.key for run in ran],
+        decided={e.label: e.verdict for e in analysis.factors if e not in open_effects},
+        undecided=[e.label for e in open_effects], next_cells=[cell.name for cell in following],
+    )
 
 
 def look(spec: MatrixSpec, runs: list[CellRun], cell_order: list[dict[str, str]], planned: int) -> MatrixAnalysis:
