@@ -10,6 +10,7 @@ any error. Frames are length-prefixed pickles between the driver and processes i
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import pickle
 import shutil
@@ -162,7 +163,7 @@ async def run_sharded(
             group.start_soon(stop_on, stop)
             group.start_soon(broadcast_stop)
             group.start_soon(watch)
-            loop = _running_loop()
+            loop = asyncio.get_running_loop()
             with stopping(lambda: loop.call_soon_threadsafe(request_stop)):
                 await anyio.sleep_forever()
         failed = [worker for worker in pool if worker.done is None]
@@ -178,12 +179,6 @@ async def run_sharded(
         duration_s=time.perf_counter() - start,
         worker_loop_lag_s=lags,
     )
-
-
-def _running_loop() -> Any:
-    import asyncio
-
-    return asyncio.get_running_loop()
 
 
 async def _connect(listener: Any, pool: list[_Worker]) -> None:
@@ -242,7 +237,8 @@ async def _serve(
                 worker.done = (message[1], message[2], message[3])
                 return
     finally:
-        worker.stream = None if worker.done is None else worker.stream
+        if worker.done is None:
+            worker.stream = None  # gone without its last frame: `watch` treats the worker as crashed
 
 
 async def _work(socket_path: str, index: int) -> None:

@@ -23,7 +23,7 @@ from typing import Any, Iterator, Sequence
 from rich.console import Console
 
 from repro.display import say
-from repro.errors import UsageError
+from repro.errors import EXIT_INTERRUPTED, ReproError, UsageError
 from repro.records import OutcomeCounts
 from repro.store import dump_json, make_run_dir, new_run_dir
 
@@ -277,7 +277,10 @@ def run_sweep(
             options = RunOptions.parse({**base, "base_url": url, "concurrency": concurrency, "out": run_dir,
                                         "name": f"c{concurrency}"}, source="sweep options")
             say(console, f"sweep: concurrency {concurrency}: {sessions} sessions")
-            execute_run(options, console=Console(file=io.StringIO()), live=False, report=False)
+            run = execute_run(options, console=Console(file=io.StringIO()), live=False, report=False)
+            if run.summary.interrupted:
+                raise ReproError(f"sweep interrupted at concurrency {concurrency}; the finished levels' runs are "
+                                 f"kept in {out}", exit_code=EXIT_INTERRUPTED)
             results.append(level_result(concurrency, run_dir, confidence))
             level = results[-1]
             say(console, f"sweep: concurrency {concurrency}: {level.corrupt} of {level.corrupt + level.clean} "

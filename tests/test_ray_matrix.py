@@ -16,7 +16,10 @@ import pytest
 import yaml
 
 from repro.matrix.ray_executor import task_options
-from repro.matrix.spec import ResourcesSpec, SpecLoader
+from repro.errors import UsageError
+from repro.procs import free_port
+from run_builders import run_main
+from repro.matrix.spec import ResourcesSpec, SpecLoader, load_spec
 
 # A cluster bound to loopback only: without this, Ray resolves 127.0.0.1 to the machine's outward address.
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
@@ -34,7 +37,12 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[tuple[Cluster, dict[str, str]]]:
     """Two Ray nodes on this machine, `node_a` (the head) and `node_b`, each with its own custom resource."""
-    made = Cluster(initialize_head=True, head_node_args={**NODE_ARGS, "resources": {"node_a": 1}})
+    # Health checks every 0.5 s: a killed node is known dead in seconds, not half a minute.
+    health = {"health_check_period_ms": 500, "health_check_failure_threshold": 3}
+    # node_a takes both its runs at once; node_b one at a time, so a lost node_b leaves one of its runs
+    # pending with no node to take it.
+    made = Cluster(initialize_head=True,
+                   head_node_args={**NODE_ARGS, "num_cpus": 2, "resources": {"node_a": 1}, "_system_config": health})
     try:
         worker = made.add_node(**NODE_ARGS, resources={"node_b": 1})
         made.wait_for_nodes()
@@ -91,6 +99,41 @@ def test_resources_become_ray_task_options() -> None:
     assert task_options(spec.for_cell({"tp": "4"})) == {"num_cpus": 2, "num_gpus": 8}
 
 
+@pytest.mark.parametrize(
+    ("resources", "expected"),
+    [
+        ({"levels": {"nope": {"on": {"x": 1}}}}, "resources.levels.nope: no factor named 'nope'"),
+        ({"levels": {"hicache": {"maybe": {"x": 1}}}}, "factor 'hicache' has no level 'maybe'"),
+        ({"run": {"GPU": -1}}, "resources.run.GPU"),
+    ],
+)
+def test_a_bad_resources_section_is_one_line_naming_it(resources: dict, expected: str, tmp_path: Path) -> None:
+    spec = yaml.load(SIM_SPEC.read_text(encoding="utf-8"), Loader=SpecLoader)
+    spec["load"]["workload"] = str(ROOT / "experiments" / "agentic_coding.yaml")
+    spec["resources"] = resources
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False), encoding="utf-8")
+    with pytest.raises(UsageError) as caught:
+        load_spec(path)
+    assert expected in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_bad_executor_options_are_one_line_and_make_no_matrix_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "never"
+    cases = [
+        (["--executor", "slurm"], "--executor 'slurm': expected one of local, ray"),
+        (["--ray-address", "127.0.0.1:6379"], "--ray-address needs --executor ray"),
+        (["--executor", "ray", "--ray-address", "nonsense"], "expected HOST:PORT"),
+        (["--executor", "ray", "--ray-address", f"127.0.0.1:{free_port()}"], "nothing answers there"),
+    ]
+    for args, expected in cases:
+        code, _, err = run_main(capsys, "matrix", str(SIM_SPEC), "--out", str(out), *args)
+        assert code == 2 and expected in err and err.count("\n") == 1, err
+        assert not out.exists()
+
+
 def test_cells_run_on_the_nodes_their_resources_name_with_the_local_verdicts(
     cluster: tuple[Cluster, dict[str, str]], tmp_path: Path
 ) -> None:
@@ -126,6 +169,8 @@ def test_cells_run_on_the_nodes_their_resources_name_with_the_local_verdicts(
     analyses = [json.loads((tmp_path / name / "matrix.json").read_text()) for name in ("ray", "local")]
     verdicts = [{f["factor"]: f["verdict"] for f in analysis["factors"]} for analysis in analyses]
     assert verdicts[0] == verdicts[1] and set(verdicts[0]) == {"hicache", "index_k"}
+    # What the tasks printed names the runs' directories in the matrix directory, not on the nodes.
+    assert f"Run directory: {tmp_path / 'ray' / 'cells'}" in (tmp_path / "ray.log").read_text()
     # The matrix report names the node of every run.
     assert nodes["node_b"][:12] in (tmp_path / "ray" / "report.html").read_text()
     assert not marked_pids(mark)
@@ -152,7 +197,7 @@ def test_sigint_cancels_every_task_and_leaves_no_server(cluster: tuple[Cluster, 
         json.loads(line)["status"] == "finished" for line in (tmp_path / "m" / "progress.jsonl").read_text().splitlines()
     )
     # The cluster is fine afterwards: nothing holds its CPUs.
-    poll(lambda: ray_cpus_free(made.address) == 2, 60, "the cluster's CPUs to be free again")
+    poll(lambda: ray_cpus_free(made.address) == 3, 60, "the cluster's CPUs to be free again")
 
 
 def ray_cpus_free(address: str) -> float:
@@ -162,3 +207,46 @@ def ray_cpus_free(address: str) -> float:
         capture_output=True, text=True, timeout=60,
     )
     return float(probe.stdout.strip().splitlines()[-1]) if probe.returncode == 0 and probe.stdout.strip() else -1.0
+
+
+def test_a_lost_node_fails_only_its_runs_and_resume_completes_them(
+    cluster: tuple[Cluster, dict[str, str]], tmp_path: Path
+) -> None:
+    # Last in the module: it kills node_b (and starts a new one for the resume).
+    made, nodes = cluster
+    mark = uuid.uuid4().hex
+    spec = spec_file(tmp_path, "lost", mark, sessions=4, concurrency=2, turns=10)
+    matrix = tmp_path / "m"
+    args = ["matrix", str(spec), "--out", str(matrix), "--no-cell-reports", "--keep-going",
+            "--executor", "ray", "--ray-address", made.address]
+    proc = repro(args, tmp_path / "m.log")
+    try:
+        poll(lambda: len(marked_pids(mark)) >= 2, 120, "a server on each node")
+        (worker,) = made.worker_nodes
+        made.remove_node(worker, allow_graceful=False)
+        assert proc.wait(timeout=240) == 3, (tmp_path / "m.log").read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=120)
+    records = [json.loads(line) for line in (matrix / "progress.jsonl").read_text().splitlines()]
+    by_status = {r["key"]: r["status"] for r in records}
+    assert {k for k, s in by_status.items() if s == "failed"} == {k for k in by_status if k.startswith("hicache-on")}
+    assert all(r["node"]["ray_node_id"] == nodes["node_a"] for r in records if r["status"] == "finished")
+    messages = sorted(r["message"] for r in records if r["status"] == "failed")
+    assert "no live node of the cluster has the resources" in messages[0]  # queued behind the lost run
+    assert "the Ray task ended without a result (NodeDiedError" in messages[1]
+    # The killed node's servers were swept by their launcher's reaper.
+    poll(lambda: not marked_pids(mark), 30, "the lost node's servers to end")
+
+    replacement = made.add_node(**{**NODE_ARGS, "num_cpus": 2}, resources={"node_b": 1})
+    made.wait_for_nodes()
+    resumed = repro([*args, "--resume"], tmp_path / "resume.log")
+    assert resumed.wait(timeout=240) == 0, (tmp_path / "resume.log").read_text()[-3000:]
+    final = {}
+    for line in (matrix / "progress.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        final[record["key"]] = record
+    assert len(final) == 4 and all(r["status"] == "finished" for r in final.values())
+    assert {r["node"]["ray_node_id"] for k, r in final.items() if k.startswith("hicache-on")} == {replacement.node_id}
+    assert not marked_pids(mark)

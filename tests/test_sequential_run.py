@@ -6,25 +6,15 @@ in the seeds' configuration it fails early; both spend fewer sessions than the c
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
-from typing import Any
 
 import pytest
-from rich.console import Console
 
 from repro.gate import evaluate
 from repro.records import SessionRecord
-from repro.runner import RunOptions, RunResult, execute_run
 from repro.stopping import BaselineRule, StoppingRule, replay, waves_of
 from repro.store import load_run
-from run_builders import make_run, run_main
-
-
-def run(out: Path, **options: Any) -> tuple[RunResult, str]:
-    screen = io.StringIO()
-    result = execute_run(RunOptions.parse({"out": out, **options}), console=Console(file=screen, width=200), live=False)
-    return result, screen.getvalue()
+from run_builders import make_run, run, run_main
 
 
 def test_rule_fails_on_a_shown_excess_and_passes_only_with_enough_completed() -> None:
@@ -121,14 +111,14 @@ def test_baseline_rule_spends_alpha_over_its_looks() -> None:
 
 
 def test_until_decided_against_a_baseline_fails_hicache_early(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    off, _ = run(tmp_path / "off", name="off", sim_args="--no-enable-hierarchical-cache", sessions=30, concurrency=30, timeout=120)
-    assert off.exit_code == 0 and off.summary.counts["corrupt"] == 0
+    # The baseline: a finished run with HiCache off, where the simulator never corrupts (60 clean sessions).
+    off = make_run(tmp_path / "off", name="off", clean=60, options={"sessions": 60})
     code, stdout, err = run_main(capsys, "run", "--sessions", "180", "--concurrency", "60", "--until-decided",
-                                 "--baseline", str(off.path), "--timeout", "120", "--out", str(tmp_path / "on"))
+                                 "--baseline", str(off), "--timeout", "120", "--out", str(tmp_path / "on"))
     assert code == 1, stdout + err
     stop = load_run(tmp_path / "on").summary.stopping
     assert stop is not None and stop.decision == "fail" and stop.sessions < 180 and stop.baseline == "off"
     assert "an increase is shown" in stop.reason and "each look at 0.0167 = 0.05/3" in stop.reason
     code, stdout, _ = run_main(capsys, "gate", str(tmp_path / "on"), "--max-corruption-rate", "0.5",
-                               "--baseline", str(off.path))
+                               "--baseline", str(off))
     assert code == 1 and "baseline: FAIL: looks replayed" in stdout

@@ -7,22 +7,17 @@ fifth session leaks): the sweep must say so and name no onset.
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
-from faulty_servers import start_faulty_server
-from repro.errors import UsageError
+from proc_helpers import poll
+from repro.errors import EXIT_INTERRUPTED, UsageError
 from repro.sweep import LevelResult, analyse, parse_levels
 from run_builders import run_main
-
-
-@pytest.fixture(scope="module")
-def faulty(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    proc, root = start_faulty_server(tmp_path_factory.mktemp("faulty") / "server.log")
-    yield root
-    proc.stop()
 
 
 def test_levels_lists_and_ranges() -> None:
@@ -122,3 +117,21 @@ def test_sweep_launches_a_matrix_specs_cell_once(capsys: pytest.CaptureFixture[s
     assert code == 2 and "--cell hicache=maybe: not a level of 'hicache'" in err and not (tmp_path / "bad").exists()
     code, _, err = run_main(capsys, "sweep", "--cell", "hicache=on", "--out", str(tmp_path / "bad"))
     assert code == 2 and "give --spec too" in err
+
+
+def test_sigint_stops_the_sweep_and_keeps_finished_levels(faulty: str, tmp_path: Path) -> None:
+    out = tmp_path / "sweep"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from repro.cli import main; main()", "sweep", "--base-url", f"{faulty}/slow:0.1/v1",
+         "--concurrency", "1,2", "--sessions", "4", "--out", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    # Once a session of the second level has finished, the others are in flight (4 sessions, 2 at a time).
+    second = out / "c002" / "sessions.jsonl"
+    assert poll(lambda: (second.exists() and second.read_text().count("\n") >= 1) or proc.poll() is not None,
+                timeout=120), "no session of the second level finished in time"
+    proc.send_signal(signal.SIGINT)
+    stdout, err = proc.communicate(timeout=60)
+    assert proc.returncode == EXIT_INTERRUPTED, stdout + err
+    assert "sweep interrupted at concurrency 2" in err and "Traceback" not in err, stdout + err
+    assert (out / "c001" / "summary.json").exists() and not (out / "sweep.json").exists()

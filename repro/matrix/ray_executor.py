@@ -14,9 +14,11 @@ process groups that task launched when the worker dies.
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import os
 import shutil
+import socket
 import sys
 import tarfile
 import tempfile
@@ -35,6 +37,11 @@ from repro.node import where
 
 CANCEL_GRACE_S = 60.0
 """After Ctrl-C, how long the tasks get to stop their deployments before they are killed."""
+SCRATCH = "\x00scratch\x00"
+"""Stands for the task's scratch directory in what it printed; the driver puts the matrix directory there."""
+CONNECT_CHECK_S = 10.0
+UNPLACEABLE_AFTER_S = 10.0
+"""A run no live node can take fails after this long (an autoscaler may add such a node meanwhile)."""
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 LOCAL_ONLY_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 RAY_NAMES = {"CPU": "num_cpus", "GPU": "num_gpus", "memory": "memory"}
@@ -55,6 +62,28 @@ def task_options(resources: dict[str, float]) -> dict[str, Any]:
     return options
 
 
+def require_ray(address: str | None) -> None:
+    """UsageError unless Ray is installed (the `cluster` extra) and something answers at `address`.
+
+    Checked before the matrix directory is made; Ray itself is imported only to connect.
+    """
+    if importlib.util.find_spec("ray") is None:
+        raise UsageError("--executor ray needs Ray: pip install 'repro[cluster]'")
+    if address and address not in ("auto", "local"):
+        _check_reachable(address)
+
+
+def _check_reachable(address: str) -> None:
+    """UsageError at once when nothing answers at HOST:PORT (Ray would retry it for minutes)."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        raise UsageError(f"--ray-address {address}: expected HOST:PORT (the head node's GCS address)")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_CHECK_S).close()
+    except OSError as err:
+        raise UsageError(f"--ray-address {address}: nothing answers there ({err.strerror or err})") from None
+
+
 def _connect(address: str | None) -> tuple[Any, bool]:
     """The `ray` module, connected; True when this call connected it (and should disconnect)."""
     host = (address or "").rpartition(":")[0].strip("[]")
@@ -62,10 +91,7 @@ def _connect(address: str | None) -> tuple[Any, bool]:
         # Ray rewrites a loopback address to the machine's outward one before connecting, which a
         # Ray bound to loopback does not answer. This switch (read when ray is imported) keeps loopback.
         os.environ.setdefault(LOCAL_ONLY_ENV, "0")
-    try:
-        import ray
-    except ImportError:
-        raise UsageError("--executor ray needs Ray: pip install 'repro[cluster]'") from None
+    import ray
     if ray.is_initialized():
         return ray, False
     try:
@@ -84,14 +110,15 @@ def _cell_task(spec: MatrixSpec, run: PlannedRun, total: int, cell_reports: bool
     screen = io.StringIO()
     try:
         (scratch / CELLS).mkdir()
-        console = Console(file=screen, width=120, highlight=False)
+        # Wide: the scratch path in what it prints is replaced by the matrix directory's, so it must not wrap.
+        console = Console(file=screen, width=400, highlight=False)
         record = run_cell(spec, run, scratch, total=total, console=console, cell_reports=cell_reports)
         archive = io.BytesIO()
         with tarfile.open(fileobj=archive, mode="w:gz") as tar:
             for top in (CELLS, LOGS):
                 if (scratch / top).exists():
                     tar.add(scratch / top, arcname=top)
-        return record.model_dump_json(), screen.getvalue(), archive.getvalue()
+        return record.model_dump_json(), screen.getvalue().replace(str(scratch), SCRATCH), archive.getvalue()
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
@@ -101,14 +128,38 @@ def _unpack(archive: bytes, path: Path) -> None:
         tar.extractall(path, filter="data")  # refuses absolute paths, links out of the directory, devices
 
 
-def _failed(run: PlannedRun, resources: dict[str, float], err: BaseException) -> CellRun:
-    detail = str(err).strip().splitlines()
-    cause = detail[0] if detail else ""
+def _failed(run: PlannedRun, resources: dict[str, float], err: BaseException | None) -> CellRun:
+    """The record of a run whose task ended without one (`err`), or that no live node can take (None)."""
+    if err is None:
+        message = (f"no live node of the cluster has the resources this run asks for ({resources}) "
+                   f"for {UNPLACEABLE_AFTER_S:g}s")
+    else:
+        detail = str(err).strip().splitlines()
+        message = f"the Ray task ended without a result ({type(err).__name__}: {detail[0] if detail else ''})"
     return CellRun(
         key=run.key, cell=run.cell.as_dict(), replicate=run.replicate, order=run.order, status="failed",
-        message=f"the Ray task ended without a result ({type(err).__name__}: {cause}); resources {resources}",
-        node=None,
+        message=f"{message}; resources {resources}", node=None,
     )
+
+
+def _fits(asked: dict[str, float], node: dict[str, float]) -> bool:
+    return all(node.get(name, 0.0) >= amount for name, amount in asked.items() if amount > 0)
+
+
+def _unplaceable(
+    ray: Any, refs: dict[Any, PlannedRun], ready: list[Any], asked: dict[str, dict[str, float]], since: dict[Any, float]
+) -> list[Any]:
+    """Tasks that no live node could run for UNPLACEABLE_AFTER_S: Ray would keep them pending for ever
+    (the node that had the resource died, or none ever had it)."""
+    totals = [node["Resources"] for node in ray.nodes() if node.get("Alive")]
+    now = time.monotonic()
+    out = []
+    for ref, run in refs.items():
+        if ref in ready or any(_fits(asked[run.key], node) for node in totals):
+            since.pop(ref, None)
+        elif now - since.setdefault(ref, now) >= UNPLACEABLE_AFTER_S:
+            out.append(ref)
+    return out
 
 
 def execute_on_ray(
@@ -130,9 +181,14 @@ def execute_on_ray(
         remote.options(**task_options(asked[run.key]), name=f"repro-{run.key}").remote(spec, run, total, cell_reports): run
         for run in pending
     }
+    unplaceable: dict[Any, float] = {}
     try:
         while refs:
             ready, _ = ray.wait(list(refs), num_returns=1, timeout=1.0)
+            for ref in _unplaceable(ray, refs, ready, asked, unplaceable):
+                run = refs.pop(ref)
+                ray.cancel(ref, force=False)
+                yield run, _failed(run, asked[run.key], None)
             for ref in ready:
                 run = refs.pop(ref)
                 try:
@@ -141,8 +197,8 @@ def execute_on_ray(
                     yield run, _failed(run, asked[run.key], err)
                     continue
                 _unpack(archive, path)
-                for line in printed.splitlines():
-                    console.print(Text(line))
+                for line in printed.replace(SCRATCH, str(path)).splitlines():
+                    console.print(Text(line), soft_wrap=True)  # laid out on the node already
                 yield run, CellRun.model_validate_json(record_json)
     finally:
         _cancel(ray, list(refs), console)

@@ -361,6 +361,10 @@ def run_matrix(
         raise UsageError(f"--executor {executor!r}: expected one of {', '.join(EXECUTORS)}")
     if ray_address is not None and executor != "ray":
         raise UsageError("--ray-address needs --executor ray")
+    if executor == "ray":
+        from repro.matrix.ray_executor import require_ray
+
+        require_ray(ray_address)  # before the matrix directory is made
     if resume and out is None:
         raise UsageError("--resume needs --out: the matrix directory to continue")
     spec = load_spec(spec_path, variables)
