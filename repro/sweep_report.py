@@ -8,20 +8,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import jinja2
-
+from repro.report.html import TEMPLATES
 from repro.report.markdown import md_escape
 
 if TYPE_CHECKING:
     from repro.sweep import SweepResult
-
-_ENV = jinja2.Environment(
-    loader=jinja2.PackageLoader("repro.report", "templates"),
-    autoescape=True,
-    undefined=jinja2.StrictUndefined,
-    trim_blocks=True,
-    lstrip_blocks=True,
-)
 
 
 def _pct(value: float | None) -> str:
@@ -96,6 +87,6 @@ def render_markdown(result: "SweepResult") -> str:
 
 
 def render_html(result: "SweepResult") -> str:
-    return _ENV.get_template("sweep.html.j2").render(
+    return TEMPLATES.get_template("sweep.html.j2").render(
         result=result, plot=curve_plot(result), interval=_interval, p=_p,
     )

@@ -27,3 +27,9 @@ def poll(condition: Callable[[], bool], timeout: float = 30.0) -> bool:
             return False
         time.sleep(0.05)
     return True
+
+
+def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    """Return once `condition()` holds; fail the test naming `what` if it still does not after `timeout` seconds."""
+    if not poll(condition, timeout):
+        raise AssertionError(f"timed out waiting for {what}")

@@ -84,6 +84,8 @@ def test_commit_bisection_steers_around_broken_builds_survives_sigkill_and_resum
     # The reaper stops the server the killed harness left behind.
     assert group_gone(pgid, timeout=30)
     recorded = len((out / "probes.jsonl").read_text().splitlines())
+    running = json.loads((out / "bisect.json").read_text())
+    assert running["status"] == "running" and len(running["probes"]) == recorded
 
     done = subprocess.run([*args, "--resume"], capture_output=True, text=True, timeout=280)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -12,16 +12,15 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import yaml
 
 from repro.matrix.spec import SpecLoader
 
-from proc_helpers import group_gone
+from proc_helpers import group_gone, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 SIM_SPEC = ROOT / "matrices" / "sim_hicache_bf16.yaml"
@@ -45,14 +44,6 @@ def sim_spec(tmp_path: Path, name: str, **changes: Any) -> Path:
 def start(args: list[str], log: Path) -> subprocess.Popen[bytes]:
     with open(log, "wb") as out:
         return subprocess.Popen([*REPRO, *args], stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT)
-
-
-def poll(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def launched_groups(matrix: Path) -> list[int]:
@@ -164,7 +155,7 @@ def test_sigint_mid_cell_stops_every_process_and_keeps_what_finished(tmp_path: P
     matrix = tmp_path / "m"
     proc = start(["matrix", str(spec), "--out", str(matrix), "--no-cell-reports"], tmp_path / "m.log")
     try:
-        poll(lambda: any(matrix.glob("cells/*/sessions.jsonl")), 60, "the first cell's load to start")
+        wait_for(lambda: any(matrix.glob("cells/*/sessions.jsonl")), 60, "the first cell's load to start")
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=60) == 130, (tmp_path / "m.log").read_text()[-2000:]
     finally:
@@ -172,7 +163,7 @@ def test_sigint_mid_cell_stops_every_process_and_keeps_what_finished(tmp_path: P
             os.killpg(proc.pid, signal.SIGKILL)
     groups = [proc.pid, *launched_groups(matrix)]
     assert len(groups) >= 2
-    poll(lambda: all(group_gone(g, timeout=0) for g in groups), 15, "every process group to end")
+    wait_for(lambda: all(group_gone(g, timeout=0) for g in groups), 15, "every process group to end")
     assert "interrupted" in (tmp_path / "m.log").read_text()
     assert (matrix / "matrix.json").exists() and progress(matrix) == []
 
@@ -182,7 +173,7 @@ def test_resume_after_sigkill_loses_no_finished_cell(tmp_path: Path) -> None:
     matrix = tmp_path / "m"
     proc = start(["matrix", str(spec), "--out", str(matrix), "--no-cell-reports"], tmp_path / "m.log")
     try:
-        poll(lambda: len(progress(matrix)) >= 1 and len(list(matrix.glob("logs/*/processes.json"))) >= 2, 90,
+        wait_for(lambda: len(progress(matrix)) >= 1 and len(list(matrix.glob("logs/*/processes.json"))) >= 2, 90,
              "one finished cell and the next launched")
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -264,7 +255,7 @@ def test_a_server_dying_mid_cell_fails_the_cell_with_its_exit_and_output_and_res
     matrix = tmp_path / "m"
     proc = start(["matrix", str(spec), "--out", str(matrix), "--no-cell-reports"], tmp_path / "m.log")
     try:
-        poll(lambda: any(f.read_text() for f in matrix.glob("cells/*/sessions.jsonl")), 90, "the first cell's load")
+        wait_for(lambda: any(f.read_text() for f in matrix.glob("cells/*/sessions.jsonl")), 90, "the first cell's load")
         (running,) = [d.name for d in matrix.glob("cells/*") if (d / "sessions.jsonl").exists()]
         (server,) = json.loads((matrix / "logs" / running / "processes.json").read_text())
         os.kill(server["pid"], signal.SIGKILL)
@@ -302,13 +293,13 @@ def test_sigkill_of_the_matrix_stops_its_servers_even_those_that_left_the_group(
     matrix = tmp_path / "m"
     proc = start(["matrix", str(spec), "--out", str(matrix), "--no-cell-reports"], tmp_path / "m.log")
     try:
-        poll(lambda: any(f.read_text() for f in matrix.glob("cells/*/sessions.jsonl")), 90, "the first cell's load")
+        wait_for(lambda: any(f.read_text() for f in matrix.glob("cells/*/sessions.jsonl")), 90, "the first cell's load")
         (pidfile,) = matrix.glob("logs/*/server.pid")
         server = int(pidfile.read_text())
         assert not pid_gone(server)
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
-        poll(lambda: pid_gone(server) and all(group_gone(g, timeout=0) for g in launched_groups(matrix)), 30,
+        wait_for(lambda: pid_gone(server) and all(group_gone(g, timeout=0) for g in launched_groups(matrix)), 30,
              "every server process to end")
     finally:
         if proc.poll() is None:

@@ -7,12 +7,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import pytest
+from proc_helpers import wait_for
 import yaml
 
 from repro.matrix.ray_executor import task_options
@@ -81,14 +81,6 @@ def marked_pids(mark: str) -> set[int]:
             except OSError:
                 continue
     return found
-
-
-def poll(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def test_resources_become_ray_task_options() -> None:
@@ -184,20 +176,20 @@ def test_sigint_cancels_every_task_and_leaves_no_server(cluster: tuple[Cluster, 
                   "--executor", "ray", "--ray-address", made.address], tmp_path / "m.log")
     try:
         # Both nodes serving: a server with the mark per node.
-        poll(lambda: len(marked_pids(mark)) >= 2, 120, "a server on each node")
+        wait_for(lambda: len(marked_pids(mark)) >= 2, 120, "a server on each node")
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=120) == 130, (tmp_path / "m.log").read_text()[-3000:]
     finally:
         if proc.poll() is None:
             proc.kill()
-    poll(lambda: not marked_pids(mark), 30, "every server the tasks launched to end")
+    wait_for(lambda: not marked_pids(mark), 30, "every server the tasks launched to end")
     assert "interrupted" in (tmp_path / "m.log").read_text()
     assert (tmp_path / "m" / "matrix.json").exists()
     assert not (tmp_path / "m" / "progress.jsonl").exists() or all(
         json.loads(line)["status"] == "finished" for line in (tmp_path / "m" / "progress.jsonl").read_text().splitlines()
     )
     # The cluster is fine afterwards: nothing holds its CPUs.
-    poll(lambda: ray_cpus_free(made.address) == 3, 60, "the cluster's CPUs to be free again")
+    wait_for(lambda: ray_cpus_free(made.address) == 3, 60, "the cluster's CPUs to be free again")
 
 
 def ray_cpus_free(address: str) -> float:
@@ -221,7 +213,7 @@ def test_a_lost_node_fails_only_its_runs_and_resume_completes_them(
             "--executor", "ray", "--ray-address", made.address]
     proc = repro(args, tmp_path / "m.log")
     try:
-        poll(lambda: len(marked_pids(mark)) >= 2, 120, "a server on each node")
+        wait_for(lambda: len(marked_pids(mark)) >= 2, 120, "a server on each node")
         (worker,) = made.worker_nodes
         made.remove_node(worker, allow_graceful=False)
         assert proc.wait(timeout=240) == 3, (tmp_path / "m.log").read_text()[-3000:]
@@ -237,7 +229,7 @@ def test_a_lost_node_fails_only_its_runs_and_resume_completes_them(
     assert "no live node of the cluster has the resources" in messages[0]  # queued behind the lost run
     assert "the Ray task ended without a result (NodeDiedError" in messages[1]
     # The killed node's servers were swept by their launcher's reaper.
-    poll(lambda: not marked_pids(mark), 30, "the lost node's servers to end")
+    wait_for(lambda: not marked_pids(mark), 30, "the lost node's servers to end")
 
     replacement = made.add_node(**{**NODE_ARGS, "num_cpus": 2}, resources={"node_b": 1})
     made.wait_for_nodes()

@@ -143,8 +143,9 @@ def bisect_flags(
                               "conclusion": f"Probe budget ({max_probes}) spent; the smallest failing set so far: "
                                             + ("; ".join(smallest) or "none")})
     named = [str(changes[i]) for i in found]
-    together = " (only together: each alone passed its probe)" if len(found) > 1 and all(
-        recorded.get((i,)) is not None and recorded[(i,)].verdict == "good" for i in found) else ""
+    # ddmin tested each one alone on the way (a probe that stayed undecided is "not shown to corrupt").
+    together = " (only together: none alone was shown to corrupt)" if len(found) > 1 and all(
+        recorded.get((i,)) is not None and recorded[(i,)].verdict != "bad" for i in found) else ""
     conclusion = f"The corruption needs {len(found)} of the {len(changes)} changes{together}: " + "; ".join(named)
     return search.finish({**base, "status": "found", "found": named, "found_indices": list(found),
                           "conclusion": conclusion})

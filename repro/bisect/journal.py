@@ -1,6 +1,6 @@
 """The bisect directory on disk: what the search was asked (setup.json), every probe as it ended
 (probes.jsonl, appended, flushed and fsynced), and the whole state (bisect.json, rewritten
-atomically after every probe). `--resume` reads setup.json and probes.jsonl back; SIGKILL therefore
+atomically after every probe with status "running", and at the end with the conclusion). `--resume` reads setup.json and probes.jsonl back; SIGKILL therefore
 loses only the probe that was running, whose directories are moved aside and rerun.
 """
 

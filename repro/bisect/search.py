@@ -81,15 +81,15 @@ class Search:
             record = record.model_copy(update={"posterior": posterior([*self.records, record])})
         self.journal.append(record)
         self.records.append(record)
+        self.journal.write_state(self._state({"kind": self.journal.setup["kind"], "status": "running"}))
         return record
+
+    def _state(self, state: dict[str, Any]) -> dict[str, Any]:
+        return {**state, "sessions": self.sessions, "probes": [r.model_dump(mode="json") for r in self.records]}
 
     def finish(self, state: dict[str, Any]) -> SearchOutcome:
         """Write bisect.json and the reports, print the conclusion, and choose the exit code."""
-        state = {
-            **state,
-            "sessions": self.sessions,
-            "probes": [r.model_dump(mode="json") for r in self.records],
-        }
+        state = self._state(state)
         self.journal.write_state(state)
         md, html = write_reports(self.journal.path, state)
         self.console.print(Text(state["conclusion"], style="bold"))

@@ -20,13 +20,14 @@ if TYPE_CHECKING:
 MAX_DRILL = 50
 """Sessions shown in full per run and outcome; the rest are counted."""
 
-_ENV = jinja2.Environment(
+TEMPLATES = jinja2.Environment(
     loader=jinja2.PackageLoader("repro.report", "templates"),
     autoescape=True,
     undefined=jinja2.StrictUndefined,
     trim_blocks=True,
     lstrip_blocks=True,
 )
+"""The packaged templates, autoescaped: every page that shows model or user text renders through it."""
 
 
 def _num(x: float | None) -> str:
@@ -45,10 +46,10 @@ def _secs(x: float | None) -> str:
     return "—" if x is None else f"{x:.1f} s"
 
 
-_ENV.filters.update(pct=fmt_pct, conf=fmt_conf, num=_num, p=_p, points=fmt_points, secs=_secs, clip=clip)
+TEMPLATES.filters.update(pct=fmt_pct, conf=fmt_conf, num=_num, p=_p, points=fmt_points, secs=_secs, clip=clip)
 
 
 def render_html(model: ReportModel, plots: list[Plot]) -> str:
-    return _ENV.get_template("report.html.j2").render(
+    return TEMPLATES.get_template("report.html.j2").render(
         model=model, plots=plots, outcomes=OUTCOMES, max_drill=MAX_DRILL
     )
