@@ -359,7 +359,7 @@ def test_a_sequential_matrix_resumes_at_the_round_it_was_in(tmp_path: Path) -> N
     matrix = tmp_path / "m"
     proc = start(["matrix", str(spec), "--out", str(matrix), "--no-cell-reports"], tmp_path / "m.log")
     try:
-        poll(lambda: len(progress(matrix)) >= 4 and bool(list(matrix.glob("logs/*-r2/processes.json"))), 120,
+        wait_for(lambda: len(progress(matrix)) >= 4 and bool(list(matrix.glob("logs/*-r2/processes.json"))), 120,
              "round 1 finished and round 2 launched")
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
