@@ -360,7 +360,7 @@ def test_a_sequential_matrix_resumes_at_the_round_it_was_in(tmp_path: Path) -> N
     proc = start(["matrix", str(spec), "--out", str(matrix), "--no-cell-reports"], tmp_path / "m.log")
     try:
         wait_for(lambda: len(progress(matrix)) >= 4 and bool(list(matrix.glob("logs/*-r2/processes.json"))), 120,
-             "round 1 finished and round 2 launched")
+                 "round 1 finished and round 2 launched")
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
