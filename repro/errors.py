@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+from pathlib import Path
 from types import FrameType
 from typing import Any, Callable, Iterator
 
@@ -178,6 +179,16 @@ class UniqueKeyLoader(yaml.SafeLoader):
                     )
                 seen[key] = key_node.start_mark.line + 1
         return super().construct_mapping(node, deep=deep)
+
+
+def read_text(path: Path, label: str) -> str:
+    """A user's text file, or a UsageError starting with `label`: cannot read it, or it is not UTF-8."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError as err:
+        raise UsageError(f"{label}: cannot read: {err.strerror or err}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"{label}: not UTF-8 text") from None
 
 
 def load_yaml(text: str, *, source: str, loader: type[yaml.SafeLoader] = UniqueKeyLoader) -> Any:

@@ -44,6 +44,7 @@ from repro.errors import (
     UsageError,
     describe_validation_error,
     load_yaml,
+    read_text,
     saving,
     stopping,
 )
@@ -239,12 +240,7 @@ class RunOptions(BaseModel):
         """Options from a YAML file (`--config`) with the command line's values winning."""
         data: dict[str, Any] = {}
         if config is not None:
-            try:
-                text = Path(config).read_text(encoding="utf-8")
-            except OSError as err:
-                raise UsageError(f"--config {config}: cannot read: {err.strerror or err}") from None
-            except UnicodeDecodeError:
-                raise UsageError(f"--config {config}: not UTF-8 text") from None
+            text = read_text(Path(config), f"--config {config}")
             loaded = load_yaml(text, source=f"--config {config}")
             if loaded is not None and not isinstance(loaded, dict):
                 raise UsageError(f"--config {config}: must be a mapping of option names to values")

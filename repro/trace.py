@@ -150,15 +150,21 @@ def is_trace(path: str | Path | None) -> bool:
     return path is not None and str(path).endswith(".jsonl")
 
 
-def parse_line(text: str, *, source: str, line: int) -> Conversation:
-    """One line of a trace file; a UsageError names the file, line and field at fault."""
-    where = f"{source}:{line}"
+def json_object_line(text: str, where: str, expected: str) -> dict[str, Any]:
+    """One JSON-lines line that must hold an object; a UsageError at `where` otherwise, saying what was `expected`."""
     try:
         data = parse_json(text)
     except ValueError as err:
         raise UsageError(f"{where}: not JSON: {err}") from None
     if not isinstance(data, dict):
-        raise UsageError(f"{where}: a trace line must be a JSON object with `messages` (got {type(data).__name__})")
+        raise UsageError(f"{where}: {expected} (got {type(data).__name__})")
+    return data
+
+
+def parse_line(text: str, *, source: str, line: int) -> Conversation:
+    """One line of a trace file; a UsageError names the file, line and field at fault."""
+    where = f"{source}:{line}"
+    data = json_object_line(text, where, "a trace line must be a JSON object with `messages`")
     try:
         conversation = Conversation.model_validate(data)
     except ValidationError as err:

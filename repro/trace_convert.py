@@ -16,9 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from repro.errors import UsageError
-from repro.trace import SENT_KEYS, parse_line
-from repro.untrusted import parse_json
+from repro.errors import UsageError, read_text
+from repro.trace import SENT_KEYS, json_object_line, parse_line
 
 REQUEST_KEYS = ("tools", "tool_choice", "max_tokens", "temperature")
 """The request settings a trace line keeps beside the messages."""
@@ -45,12 +44,7 @@ def _key(messages: list[dict[str, Any]]) -> str:
 
 def _read(line_text: str, source: str, line: int) -> _Call:
     where = f"{source}:{line}"
-    try:
-        entry = parse_json(line_text)
-    except ValueError as err:
-        raise UsageError(f"{where}: not JSON: {err}") from None
-    if not isinstance(entry, dict):
-        raise UsageError(f"{where}: expected an object with `request` and `response`")
+    entry = json_object_line(line_text, where, "expected an object with `request` and `response`")
     request, response = entry.get("request"), entry.get("response")
     if not isinstance(request, dict) or not isinstance(request.get("messages"), list):
         raise UsageError(f"{where}: request.messages: missing or not a list (expected the chat-completions request body)")
@@ -74,12 +68,7 @@ def _read(line_text: str, source: str, line: int) -> _Call:
 
 def convert(log: Path, out: Path) -> tuple[int, int]:
     """Write the conversations of `log` to `out` as a trace; (calls read, conversations written)."""
-    try:
-        text = log.read_text(encoding="utf-8")
-    except OSError as err:
-        raise UsageError(f"trace convert {log}: cannot read: {err.strerror or err}") from None
-    except UnicodeDecodeError:
-        raise UsageError(f"trace convert {log}: not UTF-8 text") from None
+    text = read_text(log, f"trace convert {log}")
     calls = [_read(t, str(log), n) for n, t in enumerate(text.splitlines(), start=1) if t.strip()]
     if not calls:
         raise UsageError(f"trace convert {log}: no request/response lines")
