@@ -91,8 +91,8 @@ def stopping(stop: Callable[[], None]) -> Iterator[None]:
     only schedule work, e.g. with `loop.call_soon_threadsafe`) instead of raising KeyboardInterrupt.
 
     The handlers stay `request_interrupt` after the block when they were before it (the CLI's case),
-    so later signals keep being counted while the results are saved. Blocks nest: after an inner
-    block the outer one's `stop` is called again.
+    so later signals keep being counted while the results are saved. Blocks nest: when an inner
+    block ends, the next signal calls the outer one's `stop` again.
     """
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     outer = _interrupt["on_first"]  # blocks nest: a run's waves each stop the load inside the run's own block
