@@ -112,11 +112,15 @@ def test_repro_run_killed_with_sigkill_leaves_no_embedded_simulator(tmp_path: Pa
          "--turns", "18", "--out", str(out), "--sim-args", "--time-scale 0.2"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )
-    try:
-        assert poll(lambda: (out / "sessions.jsonl").exists() or repro.poll() is not None, timeout=60)
-        assert repro.poll() is None, "the run ended before it could be killed"
-        sims = [pid for pid in map(int, filter(str.isdigit, os.listdir("/proc")))
+    def embedded_sims() -> list[int]:
+        return [pid for pid in map(int, filter(str.isdigit, os.listdir("/proc")))
                 if b"repro.sim\0serve" in _cmdline(pid) and _parent(pid) == repro.pid]
+
+    try:
+        # sessions.jsonl is made before the simulator starts: wait for the simulator itself.
+        assert poll(lambda: (out / "sessions.jsonl").exists() and embedded_sims() or repro.poll() is not None, timeout=60)
+        assert repro.poll() is None, "the run ended before it could be killed"
+        sims = embedded_sims()
         assert len(sims) == 1
         os.killpg(repro.pid, signal.SIGKILL)
         repro.wait(timeout=10)
