@@ -21,7 +21,7 @@ import threading
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Iterator, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Callable, Iterator, Literal
 from urllib.parse import urlsplit
 
 import anyio
@@ -391,6 +391,27 @@ def ensure_open_files(connections: int) -> None:
 
 
 @dataclass
+class _Halting:
+    """What a first Ctrl-C does to a `--until-decided` run (the `stopping` callback around its load and
+    its saving): halt the load while it runs (or as soon as it starts, when it came before); once a
+    look has decided, or the last wave ended, nothing, so the saving completes and a decided run stays
+    decided (a run that stopped because it knew the answer was not interrupted)."""
+
+    halt: Callable[[], None] | None = None
+    requested: bool = False
+    """A Ctrl-C came before the load could take it."""
+    over: bool = False
+
+    def __call__(self) -> None:
+        if self.over:
+            return
+        if self.halt is None:
+            self.requested = True
+        else:
+            self.halt()
+
+
+@dataclass
 class _Driven:
     records: list[SessionRecord]
     interrupted: bool
@@ -418,6 +439,7 @@ async def _drive(
     live: bool,
     base_url: str,
     rule: "StoppingRule | BaselineRule | None",
+    halting: _Halting,
 ) -> _Driven:
     concurrency = options.concurrency or options.sessions
     records: list[SessionRecord] = []
@@ -454,9 +476,13 @@ async def _drive(
         group.start_soon(show_progress, progress, console, live)
 
         kind = ReplaySession if isinstance(config.workload, Trace) else Session
-        # Between waves (while the rule looks) a Ctrl-C halts the run as one during a wave does.
-        watch = rule is not None and threading.current_thread() is threading.main_thread()
-        with stopping(lambda: loop.call_soon_threadsafe(halt.set)) if watch else contextlib.nullcontext():
+        # Between waves (while the rule looks) a Ctrl-C halts the run as one during a wave does
+        # (execute_run installs `halting` as the signals' callback).
+        halting.halt = lambda: loop.call_soon_threadsafe(halt.set)
+        if halting.requested:
+            halt.set()
+        decided = False
+        try:
             for wave in _waves(options):
                 await anyio.lowlevel.checkpoint()  # lets a Ctrl-C that came while the rule looked set `halt`
                 if halt.is_set():
@@ -485,9 +511,14 @@ async def _drive(
                 looks.append(rule.look(counts.corrupt, counts.completed, len(records)))
                 progress.stopping = f"look {len(looks)}: {rule.describe(looks[-1])}"
                 if looks[-1].decision is not None:
+                    decided = True
                     break
-            await anyio.lowlevel.checkpoint()
-            interrupted = interrupted or halt.is_set()
+        finally:
+            # The load is over: a Ctrl-C from here on only lets the saving finish.
+            halting.over, halting.halt = True, None
+        await anyio.lowlevel.checkpoint()
+        # A Ctrl-C that came while the deciding look ran was too late to stop anything: the run is decided.
+        interrupted = interrupted or (halt.is_set() and not decided)
         group.cancel_scope.cancel()
         if not interrupted:
             # The counters as the run ends, whatever the scrape interval left out.
@@ -544,51 +575,56 @@ def execute_run(
     name = options.name or loaded.name
     run_dir, created = _run_dir(options, name)  # made now: before a simulator starts or a target is asked anything
     ensure_open_files(options.concurrency or options.sessions)
-    with contextlib.ExitStack() as stack:
-        start = stack.enter_context(_StartGuard(run_dir, created))
-        if options.base_url is None:
-            # The directory exists before the simulator starts, so its log lands in it.
-            writer = start.writer = RunWriter(run_dir, secrets=secrets)
-            stack.callback(writer.close)
-            base_url = stack.enter_context(_embedded_sim(options, run_dir, console))
-            target = resolve_target(base_url, options.model, headers, embedded=True, sim_args=[*EMBEDDED_SIM_ARGS, *options.sim_args])
-        else:
-            base_url = options.base_url
-            target = resolve_target(base_url, options.model, headers, embedded=False, sim_args=[])
-            writer = start.writer = RunWriter(run_dir, secrets=secrets)
-            stack.callback(writer.close)
-        config = _session_config(options, target, loaded.scenario, headers)
-        observed = _observe(options, config, base_url, headers)
-        config = dataclasses.replace(config, observe=observed.plan)
-        for warning in observed.warnings:
-            say(console, writer.scrub_text(warning))  # a probe's error may quote a server that echoed the key
-        manifest = Manifest(
-            name=name,
-            run_id=run_dir.name,
-            command=list(sys.argv),
-            options=options.model_dump(mode="json"),
-            workload=loaded.manifest_entry(),
-            target={
-                "base_url": target.base_url,
-                "model": target.model,
-                "embedded": target.embedded,
-                **({"sim_args": target.sim_args} if target.embedded else {}),
-            },
-            server_info=target.server_info,
-            observe=observed.manifest_entry(options.observe),
-            versions=_versions(),
-            node=where(),
-            started_at=_utc_now(),
-        )
-        try:
-            writer.write_manifest(manifest)
-        except OSError as err:
-            raise UsageError(f"--out {run_dir}: cannot write the manifest: {err.strerror or err}") from None
-        start.done = True
-        with saving("the records of the sessions in flight, summary.json and report.html"):
-            driven = anyio.run(_drive, options, config, writer, console, live, base_url, rule)
-    with saving("summary.json and report.html"):
-        return _save(options, run_dir, writer, manifest, driven, rule, console, report)
+    halting = _Halting()
+    with contextlib.ExitStack() as signals:
+        with contextlib.ExitStack() as stack:
+            start = stack.enter_context(_StartGuard(run_dir, created))
+            if options.base_url is None:
+                # The directory exists before the simulator starts, so its log lands in it.
+                writer = start.writer = RunWriter(run_dir, secrets=secrets)
+                stack.callback(writer.close)
+                base_url = stack.enter_context(_embedded_sim(options, run_dir, console))
+                target = resolve_target(base_url, options.model, headers, embedded=True, sim_args=[*EMBEDDED_SIM_ARGS, *options.sim_args])
+            else:
+                base_url = options.base_url
+                target = resolve_target(base_url, options.model, headers, embedded=False, sim_args=[])
+                writer = start.writer = RunWriter(run_dir, secrets=secrets)
+                stack.callback(writer.close)
+            config = _session_config(options, target, loaded.scenario, headers)
+            observed = _observe(options, config, base_url, headers)
+            config = dataclasses.replace(config, observe=observed.plan)
+            for warning in observed.warnings:
+                say(console, writer.scrub_text(warning))  # a probe's error may quote a server that echoed the key
+            manifest = Manifest(
+                name=name,
+                run_id=run_dir.name,
+                command=list(sys.argv),
+                options=options.model_dump(mode="json"),
+                workload=loaded.manifest_entry(),
+                target={
+                    "base_url": target.base_url,
+                    "model": target.model,
+                    "embedded": target.embedded,
+                    **({"sim_args": target.sim_args} if target.embedded else {}),
+                },
+                server_info=target.server_info,
+                observe=observed.manifest_entry(options.observe),
+                versions=_versions(),
+                node=where(),
+                started_at=_utc_now(),
+            )
+            try:
+                writer.write_manifest(manifest)
+            except OSError as err:
+                raise UsageError(f"--out {run_dir}: cannot write the manifest: {err.strerror or err}") from None
+            start.done = True
+            if rule is not None and threading.current_thread() is threading.main_thread():
+                # From its first wave to the end of its saving, a `--until-decided` run takes a Ctrl-C itself.
+                signals.enter_context(stopping(halting))
+            with saving("the records of the sessions in flight, summary.json and report.html"):
+                driven = anyio.run(_drive, options, config, writer, console, live, base_url, rule, halting)
+        with saving("summary.json and report.html"):
+            return _save(options, run_dir, writer, manifest, driven, rule, console, report)
 
 
 def _save(

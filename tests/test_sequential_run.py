@@ -6,6 +6,7 @@ in the seeds' configuration it fails early; both spend fewer sessions than the c
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from proc_helpers import poll
+from proc_helpers import poll, wait_for
 from repro.errors import EXIT_INTERRUPTED
 from repro.gate import evaluate
 from repro.records import SessionRecord
@@ -157,3 +158,32 @@ def test_ctrl_c_between_waves_saves_the_summary(tmp_path: Path) -> None:
     # Stopped between the waves: the second never started, so nothing was cut short.
     assert len(load_run(out).sessions) == 20 and summary.stopping.looks == 1
     assert (out / "report.html").exists()
+
+
+def test_ctrl_c_once_decided_keeps_the_decision(tmp_path: Path) -> None:
+    # The seeds' configuration fails a 2% limit at its first look. The SIGINT goes out once the run has
+    # printed its decision ("stopping: FAIL ...", just before it writes summary.json): it must finish
+    # saving and stay a decided, failed run, not an interrupted one.
+    out, screen = tmp_path / "seeds", tmp_path / "stdout.txt"
+    with screen.open("w") as sink:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", "from repro.cli import main; main()", "run", "--sessions", "240",
+             "--concurrency", "60", "--until-decided", "--max-corruption-rate", "0.02", "--timeout", "120",
+             "--out", str(out)],
+            stdout=sink, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+    try:
+        wait_for(lambda: "stopping: FAIL" in screen.read_text() or proc.poll() is not None, 120, "the decision")
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1, screen.read_text() + err  # the gate's FAIL, not 130
+    # The signal reached the run while it saved (the handler said so), not after it had ended.
+    assert "repro: stopping: saving summary.json and report.html" in err, err
+    summary = load_run(out).summary
+    assert summary is not None and not summary.interrupted
+    assert summary.stopping is not None and summary.stopping.decision == "fail"
+    assert summary.stopping.reason.startswith("decided at look 1:")
+    assert summary.gate is not None and summary.gate["status"] == "fail"
+    assert "gate: FAIL (exit 1)" in screen.read_text() and (out / "report.html").exists()
