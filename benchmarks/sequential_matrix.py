@@ -7,9 +7,11 @@ previous look still needs, and `repro.matrix.sequential.after_round` (the runner
 after each. It prints per seed both designs' verdicts, sessions, server starts and rounds, then
 the totals: in how many seeds the verdicts agree, the sessions saved, and whether the sequential
 design ever started more servers. Seeds run `--parallel` at a time (the simulated clock leaves the
-cores mostly idle).
+cores mostly idle). With `--keep DIR` the fixed matrices are kept there (DIR/s<seed>, DIR/m<seed>) and
+a seed whose matrix finished in an earlier call is replayed without running it again, so a change to the
+sequential rule can be measured on the same runs.
 
-    .venv/bin/python benchmarks/sequential_matrix.py [--spec SPEC] [--seeds 1,2,3] [--parallel 3] [--var NAME=VALUE ...]
+    .venv/bin/python benchmarks/sequential_matrix.py [--spec SPEC] [--seeds 1,2,3] [--parallel 3] [--keep DIR] [--var NAME=VALUE ...]
 """
 
 from __future__ import annotations
@@ -68,23 +70,32 @@ def main() -> None:
     parser.add_argument("--seeds", default="1,2,3")
     parser.add_argument("--parallel", type=int, default=3)
     parser.add_argument("--var", action="append", default=[], help="NAME=VALUE, passed to repro matrix")
+    parser.add_argument("--keep", help="keep the fixed matrices in this directory and reuse those that finished")
     options = parser.parse_args()
     seeds = [int(s) for s in options.seeds.split(",")]
     began = time.monotonic()
     rows = []
     print(f"{'seed':>4} {'design':10} {'verdicts':36} {'sessions':>8} {'starts':>6} {'rounds':>6}")
-    with tempfile.TemporaryDirectory(prefix="seq-matrix-") as tmp:
-        for batch in range(0, len(seeds), options.parallel):
+    with tempfile.TemporaryDirectory(prefix="seq-matrix-") as scratch:
+        tmp = Path(options.keep or scratch)
+        tmp.mkdir(parents=True, exist_ok=True)
+        done = [seed for seed in seeds if (tmp / f"m{seed}" / "matrix.json").exists()]
+        todo = [seed for seed in seeds if seed not in done]
+        for batch in [done, *(todo[i:i + options.parallel] for i in range(0, len(todo), options.parallel))]:
             procs = {}
-            for seed in seeds[batch:batch + options.parallel]:
-                spec = write_spec(Path(options.spec), Path(tmp) / f"s{seed}.yaml", seed=seed)
-                out = Path(tmp) / f"m{seed}"
+            for seed in batch:
+                spec = write_spec(Path(options.spec), tmp / f"s{seed}.yaml", seed=seed)
+                out = tmp / f"m{seed}"
+                if seed in done:
+                    procs[seed] = (None, spec, out)
+                    continue
                 cmd = [*REPRO, "matrix", str(spec), "--out", str(out), "--no-cell-reports", *(f"--var={v}" for v in options.var)]
                 procs[seed] = (subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True), spec, out)
             for seed, (proc, spec_path, out) in procs.items():
-                _, err = proc.communicate(timeout=1800)
-                if proc.returncode != 0:
-                    raise SystemExit(f"seed {seed}: repro matrix exited {proc.returncode}: {err.strip()[-600:]}")
+                if proc is not None:
+                    _, err = proc.communicate(timeout=1800)
+                    if proc.returncode != 0:
+                        raise SystemExit(f"seed {seed}: repro matrix exited {proc.returncode}: {err.strip()[-600:]}")
                 spec = load_spec(spec_path, dict(v.split("=", 1) for v in options.var))
                 runs = [CellRun.model_validate_json(line) for line in (out / "progress.jsonl").read_text().splitlines()]
                 result = json.loads((out / "matrix.json").read_text())

@@ -102,9 +102,10 @@ def test_the_record_says_why_it_stopped() -> None:
     assert lines[-2].startswith("Spent 2 round(s), 60 sessions and 2 server starts, against 180 sessions and 6 starts")
 
 
-def test_causes_that_act_only_together_stay_open() -> None:
-    # No corruption yet with fp8: HiCache and bf16 both "cause" it, together; one corrupt fp8 session
-    # in a later round would make bf16 HiCache's amplifier instead, so the next round runs every cell.
+def test_causes_that_act_only_together_stay_open_in_the_cells_that_can_rank_them() -> None:
+    # No corruption yet with fp8: HiCache and bf16 both "cause" it, together; one corrupt session with
+    # only one of them in a later round would make the other the cause and this one its amplifier, so
+    # the next round runs the two cells with exactly one of them, not the control nor the cell with both.
     def story(cell: dict[str, str]) -> dict[str, int]:
         corrupt = 15 if cell == {"hicache": "on", "index_k": "bf16"} else 0
         return {"clean": 30 - corrupt, "corrupt": corrupt, "timeout": 0, "error": 0}
@@ -113,9 +114,29 @@ def test_causes_that_act_only_together_stay_open() -> None:
     runs = round_one(spec, story)
     analysis = look(spec, runs)
     assert {e.factor: e.verdict for e in analysis.factors} == {"hicache": "causes", "index_k": "causes"}
-    assert len(sequential.undecided(analysis)) == 2
+    assert len(sequential.undecided(analysis)) == 2 and sequential.together(analysis) == analysis.factors
     after = sequential.after_round(spec, 1, sequential.round_runs(plan(spec), 1, cells(spec)), runs,
                                    [c.as_dict() for c in cells(spec)], 8, cells(spec))
-    assert after.decided == {} and len(after.next_cells) == 4
+    assert after.decided == {}
+    assert sorted(after.next_cells) == ["hicache-off_index_k-bf16", "hicache-on_index_k-fp8"]
     last = sequential.after_round(spec, 2, [], runs, [c.as_dict() for c in cells(spec)], 8, cells(spec))
     assert last.next_cells == []  # the cap: no round 3
+
+
+def test_a_factor_that_reduces_corruption_keeps_every_cell_of_causes_acting_together() -> None:
+    # The same two causes acting together, and overlap off cutting their corruption: the rate is not
+    # monotone in the factors, so a cell with both causes off is not known to be the least likely to
+    # corrupt, and every cell in their arms runs again.
+    def story(cell: dict[str, str]) -> dict[str, int]:
+        corrupt = 0
+        if cell["hicache"] == "on" and cell["index_k"] == "bf16":
+            corrupt = 20 if cell["overlap"] == "on" else 1
+        return {"clean": 30 - corrupt, "corrupt": corrupt, "timeout": 0, "error": 0}
+
+    spec = make_spec(["hicache", "index_k", "overlap"], design={"replicates": 2, "sequential": True})
+    runs = round_one(spec, story)
+    analysis = look(spec, runs)
+    assert {e.factor: e.verdict for e in analysis.factors} == {
+        "hicache": "causes", "index_k": "causes", "overlap": "reduces"}
+    assert len(sequential.together(analysis)) == 2
+    assert len(sequential.needed_cells(spec, analysis, cells(spec), runs)) == 8

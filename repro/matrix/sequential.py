@@ -6,19 +6,40 @@ and never more often than in the fixed design, whose `replicates` is the cap on 
 
 Family-wise error across the looks: Bonferroni over the K looks fixed before the first, then the
 spec's correction (Holm) across the factors within a look. Each look runs the whole analysis at
-alpha / K, so the chance that any look wrongly finds an effect is at most K * (alpha / K) = alpha,
-whatever the rounds run. The last look's verdicts are at alpha / K too (what early stopping costs).
+alpha / K, so the chance that any look wrongly finds an effect is at most K * (alpha / K) = alpha.
+That sum does not depend on which cells the rounds run: the cells of round r are chosen from the
+looks before it, never from round r's own sessions. What the choice does touch is that each look's
+exact tests take the arms' session counts as given, while the rounds set them from earlier data;
+the choice only ever leaves out cells of comparisons that are already findings (or of strata that
+show no corruption), it never keeps drawing because a comparison is close to significance. The last
+look's verdicts are at alpha / K too (what early stopping costs).
 
 A comparison is decided once its verdict is a finding (causes, widens, reduces) that more data would
-not relabel: causes that "act only together" (no corruption yet in any cell without each of them)
-stay open, since one corrupt session without one of them makes it the cause and the other its
-amplifier. "No detectable effect" and "inconclusive" are not decisions before the last round (they
-are statements about too little data), so they keep their cells running.
+not relabel. "No detectable effect" and "inconclusive" are not decisions before the last round (they
+are statements about too little data), so they keep every cell in their arms running.
 
-A cell is needed while it lies in an arm of an undecided comparison, except in a stratum a decided
-cause rules out: when a factor causes corruption at level L and every cell with it at its baseline
-has shown none, those cells carry no information for the stratified (conditional) tests of other
-factors, whose tables there stay 0 of n in both arms.
+Causes that "act only together" (no corruption yet in any cell without each of them) are findings
+(each raises corruption, significantly at this look) whose ranking is still open: one corrupt session
+without one of them makes the others the cause and this one their amplifier (widens). Only the cells
+with exactly one of them at its baseline and the others at their causing levels (with two of them: the
+cells with exactly one on) rank them that way, so a round runs only those:
+- the cell with all of them on is in no open question: its sessions entered the findings, and more of
+  them only add to the size of an effect already shown;
+- a cell with two or more of them at baseline (with two: the control, neither on) could show
+  corruption without one of them too, but never as the likelier place: while no factor reduces
+  corruption (no look has found a "reduces"), turning one of them on does not lower the rate, so such a
+  cell's rate is at most that of the exactly-one cells beside it. If those show none, it is the least
+  likely to; if it corrupts at all, they corrupt at least as often and rank the causes no later. Once
+  a look finds a factor that reduces corruption, monotonicity is not assumed and the ranking keeps
+  every cell in the causes' arms running.
+Leaving those cells out changes a verdict only when a left-out cell would corrupt and the cells run
+would not, the least likely outcome of the round under monotonicity; benchmarks/sequential_matrix.py
+compares the verdicts with the fixed design's on the same runs.
+
+A cell is needed while an open question needs it (above), except in a stratum a decided cause rules
+out: when a factor causes corruption at level L and every cell with it at its baseline has shown none,
+those cells carry no information for the stratified (conditional) tests of other factors, whose
+tables there stay 0 of n in both arms.
 
 The looks are a function of progress.jsonl alone, so `--resume` recomputes them and continues from
 the first round that did not finish.
@@ -56,9 +77,36 @@ def undecided(analysis: MatrixAnalysis) -> list[Effect]:
     ]
 
 
+def together(analysis: MatrixAnalysis) -> list[Effect]:
+    """The causes that act only together (no corruption yet without each of them): open only in their ranking."""
+    return [
+        effect for effect in analysis.factors
+        if effect.verdict == "causes" and any(reason.startswith(TOGETHER) for reason in effect.reasons)
+    ]
+
+
+def ranks_together(cell: Cell, group: list[Effect]) -> bool:
+    """Whether `cell` can rank causes that act only together: exactly one of them at its baseline, the
+    others at their causing levels (with two of them: the cells with exactly one)."""
+    at_baseline = [e for e in group if cell.level(e.factor) == e.baseline]
+    causing = {e.factor for e in group if cell.level(e.factor) == e.level}
+    return len(at_baseline) == 1 and causing == {e.factor for e in group} - {at_baseline[0].factor}
+
+
 def needed_cells(spec: MatrixSpec, analysis: MatrixAnalysis, design_cells: list[Cell], runs: list[CellRun]) -> list[Cell]:
-    """The cells some undecided comparison still needs, in `design_cells`' order."""
+    """The cells some undecided comparison still needs, in `design_cells`' order.
+
+    An open comparison that is not a finding needs every cell in its arms. Causes that act only together
+    are findings open only in their ranking: they need only the cells that can rank them
+    (`ranks_together`), as long as no factor's level reduces corruption (the monotonicity that lets
+    the cells with more of them off be left out; see the module docstring). Either way a cell in a
+    stratum a decided cause rules out is not needed.
+    """
     open_effects = undecided(analysis)
+    group = together(analysis)
+    if any(e.verdict == "reduces" for e in analysis.factors):
+        group = []
+    unranked = [e for e in open_effects if e not in group]
     totals = cell_counts(runs)
     causes = [e for e in analysis.factors if e.verdict == "causes" and e not in open_effects]
 
@@ -71,10 +119,11 @@ def needed_cells(spec: MatrixSpec, analysis: MatrixAnalysis, design_cells: list[
                 return True
         return False
 
-    return [
-        cell for cell in design_cells
-        if any(cell.level(e.factor) in (e.level, e.baseline) for e in open_effects) and not ruled_out(cell)
-    ]
+    def needed(cell: Cell) -> bool:
+        in_arms = any(cell.level(e.factor) in (e.level, e.baseline) for e in unranked)
+        return in_arms or (bool(group) and ranks_together(cell, group))
+
+    return [cell for cell in design_cells if needed(cell) and not ruled_out(cell)]
 
 
 @dataclass
