@@ -92,6 +92,12 @@ def _fisher_rejects(k1: int, n1: int, k2: int, n2: int, alternative: str, alpha:
     return _p_value("fisher", k1, n1, k2, n2, alternative) <= alpha
 
 
+def rejects(test: Test, k1: int, n1: int, k2: int, n2: int, *, alternative: Alternative, alpha: float) -> bool:
+    """Whether the exact test rejects at `alpha` for k1 of n1 against k2 of n2 (scipy only when the bounds cannot tell)."""
+    decide = _fisher_rejects if test == "fisher" else _boschloo_rejects
+    return decide(k1, n1, k2, n2, alternative, alpha)
+
+
 def _check_design(p1: float, p2: float, alpha: float, test: str, alternative: str) -> None:
     for name, p in (("p1", p1), ("p2", p2)):
         if not 0.0 <= p <= 1.0:
@@ -135,11 +141,10 @@ def power_two_proportions(
         raise UsageError(f"exact enumeration is limited to {MAX_PER_ARM} sessions per arm, got n1={n1}, n2={n2}")
     if not 0.0 < tolerance < 0.01:
         raise UsageError(f"tolerance must be between 0 and 0.01, got {tolerance}")
-    decide = _fisher_rejects if test == "fisher" else _boschloo_rejects
     power = 0.0
     for k1, k2, prob in zip(*_likely_outcomes(p1, n1, p2, n2, tolerance)):
         k1, k2 = int(k1), int(k2)
-        if decide(k1, n1, k2, n2, alternative, alpha):
+        if rejects(test, k1, n1, k2, n2, alternative=alternative, alpha=alpha):
             power += float(prob)
     return min(power, 1.0)
 
