@@ -1,12 +1,23 @@
 """The sequential matrix's round and stop logic on hand-made counts: alpha split over the looks, which
-cells an undecided verdict still needs, which runs a round holds, and what was spent against the fixed design."""
+cells an undecided verdict still needs, which runs a round holds, and what was spent against the fixed design;
+and a sequential matrix of the simulator run in rounds on a real Ray cluster, looking as the local executor does."""
 
 from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
 
 from repro.matrix import sequential
 from repro.matrix.analysis import CellRun
 from repro.matrix.design import cells, plan
-from repro.matrix.spec import MatrixSpec
+from repro.matrix.spec import MatrixSpec, SpecLoader
 
 from test_matrix_analysis import Outcomes, hicache_story, make_spec
 
@@ -140,3 +151,49 @@ def test_a_factor_that_reduces_corruption_keeps_every_cell_of_causes_acting_toge
         "hicache": "causes", "index_k": "causes", "overlap": "reduces"}
     assert len(sequential.together(analysis)) == 2
     assert len(sequential.needed_cells(spec, analysis, cells(spec), runs)) == 8
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_a_sequential_matrix_runs_in_rounds_on_ray_with_the_local_looks(tmp_path: Path) -> None:
+    # Ray's own one-node test cluster, bound to loopback (the switch is read when ray is imported).
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    cluster_utils = pytest.importorskip("ray.cluster_utils")
+    spec = yaml.load((ROOT / "matrices" / "sim_hicache_bf16.yaml").read_text(encoding="utf-8"), Loader=SpecLoader)
+    # Tiny runs: nothing can be decided from 4 sessions a cell, so both rounds run every cell, on either executor.
+    spec["load"].update({"workload": str(ROOT / "experiments" / "agentic_coding.yaml"),
+                         "sessions": 4, "concurrency": 4, "turns": 3})
+    spec["design"].update({"replicates": 2, "seed": 3, "sequential": True})
+    spec["resources"] = {"run": {"CPU": 1}}
+    path = tmp_path / "seq.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False), encoding="utf-8")
+    made = cluster_utils.Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 2, "object_store_memory": 80 * 1024 * 1024, "include_dashboard": False,
+        "node_ip_address": "127.0.0.1"})
+    procs = {}
+    try:
+        for name, extra in (("ray", ["--executor", "ray", "--ray-address", made.address]), ("local", [])):
+            with open(tmp_path / f"{name}.log", "wb") as log:
+                procs[name] = subprocess.Popen(
+                    [sys.executable, "-c", "from repro.cli import main; main()", "matrix", str(path),
+                     "--out", str(tmp_path / name), "--no-cell-reports", *extra],
+                    stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        for name, proc in procs.items():
+            assert proc.wait(timeout=420) == 0, (tmp_path / f"{name}.log").read_text()[-3000:]
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+                proc.wait(timeout=120)
+        made.shutdown()
+    ray_log = (tmp_path / "ray.log").read_text()
+    assert ray_log.count("round ") >= 2 and ray_log.count("Ray executor: 4 run(s) submitted") == 2, ray_log[-3000:]
+    spent = {name: json.loads((tmp_path / name / "matrix.json").read_text())["sequential"] for name in procs}
+    assert spent["ray"]["rounds"] == spent["local"]["rounds"] == 2
+    assert spent["ray"]["looks"] == spent["local"]["looks"]
+    assert spent["ray"]["looks"][0]["next_cells"] and spent["ray"]["stopped"] == spent["local"]["stopped"]
+    records = [json.loads(line) for line in (tmp_path / "ray" / "progress.jsonl").read_text().splitlines()]
+    assert sorted(r["replicate"] for r in records) == [1, 1, 1, 1, 2, 2, 2, 2]
+    assert all(r["status"] == "finished" and r["node"]["ray_node_id"] for r in records)

@@ -14,6 +14,7 @@ process groups that task launched when the worker dies.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import io
 import os
@@ -100,6 +101,18 @@ def _connect(address: str | None) -> tuple[Any, bool]:
     except (ConnectionError, RuntimeError, ValueError) as err:
         raise UsageError(f"--ray-address {address}: cannot connect to Ray: {str(err).splitlines()[0]}") from None
     return ray, True
+
+
+@contextlib.contextmanager
+def connection(address: str | None) -> Iterator[None]:
+    """One Ray connection for the whole matrix, so a sequential matrix's rounds share it: each new
+    connection is a new Ray job, whose workers start and import repro afresh (seconds per round)."""
+    ray, connected = _connect(address)
+    try:
+        yield
+    finally:
+        if connected:
+            ray.shutdown()
 
 
 def _cell_task(spec: MatrixSpec, run: PlannedRun, total: int, cell_reports: bool) -> tuple[str, str, bytes]:

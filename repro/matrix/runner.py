@@ -221,7 +221,8 @@ class MatrixRunner:
         exit_code = EXIT_OK
         interrupted = False
         try:
-            exit_code = self._run_rounds() if self.spec.design.sequential else self._run_all(self.runs)[0]
+            with self._executor_connection():
+                exit_code = self._run_rounds() if self.spec.design.sequential else self._run_all(self.runs)[0]
         except BaseException as err:
             if not is_interrupt(err):
                 raise
@@ -285,6 +286,14 @@ class MatrixRunner:
             if not needed:
                 break
         return exit_code
+
+    def _executor_connection(self) -> contextlib.AbstractContextManager[None]:
+        """Ray: connected once for every round (execute_on_ray reuses the connection); local: nothing."""
+        if self.executor != "ray":
+            return contextlib.nullcontext()
+        from repro.matrix.ray_executor import connection
+
+        return connection(self.ray_address)
 
     def _execute(self, pending: list[PlannedRun]) -> Iterator[tuple[PlannedRun, CellRun]]:
         """Each pending run with its record as it ends: one after another here, or at once on Ray."""
