@@ -488,6 +488,8 @@ async def _drive(
                 if halt.is_set():
                     break
 
+                before = len(records)
+
                 def make_session(index: int, first: int = wave.start) -> Session:
                     return kind(first + index, config, client, keep_raw=keep_raw, origin=origin)
 
@@ -504,14 +506,20 @@ async def _drive(
                 lag += result.loop_lag_s
                 worker_lag += result.worker_loop_lag_s
                 duration += result.duration_s
+                # A Ctrl-C after the wave's last session ended cut nothing short: the wave is looked at
+                # (as the gate's replay of sessions.jsonl will), and the run stops after the look.
+                ended = records[before:]
+                whole = len(ended) == len(wave) and all(record.outcome != "interrupted" for record in ended)
                 interrupted = result.interrupted
-                if interrupted or rule is None:
+                if (interrupted and not whole) or rule is None:
                     break
                 counts = OutcomeCounts.of(records)
                 looks.append(rule.look(counts.corrupt, counts.completed, len(records)))
                 progress.stopping = f"look {len(looks)}: {rule.describe(looks[-1])}"
                 if looks[-1].decision is not None:
-                    decided = True
+                    decided, interrupted = True, False
+                    break
+                if interrupted:
                     break
         finally:
             # The load is over: a Ctrl-C from here on only lets the saving finish.
