@@ -154,7 +154,12 @@ def run_command(
     replay: str | None = typer.Option(
         None, "--replay", help="With a trace (.jsonl) workload: fast (default) or timing (keep the recorded gaps between turns)."
     ),
-    workers: int | None = typer.Option(None, "--workers", help="Shard the sessions across N local processes (default: 1)."),
+    workers: int | None = typer.Option(None, "--workers", help="Shard the sessions across N workers (default: 1, this process alone)."),
+    executor: str | None = typer.Option(None, "--executor", help="With --workers: local processes (default) or ray actors."),
+    ray_address: str | None = typer.Option(None, "--ray-address", help="With --executor ray: the cluster (default: RAY_ADDRESS, else a local Ray)."),
+    worker_resources: str | None = typer.Option(
+        None, "--worker-resources", help='With --executor ray: Ray resources per worker, {"CPU": 1} (default) or a list, one per worker.'
+    ),
     config: Path | None = typer.Option(None, "--config", help="YAML file of these options; the command line wins."),
 ) -> None:
     """Drive a deployment with concurrent agentic sessions and classify each as clean, corrupt, timeout or error."""
