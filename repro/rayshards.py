@@ -132,16 +132,12 @@ def _first_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {lines[0].strip() if lines else ''}"
 
 
-def ray_actors(ray: Any, resources: list[dict[str, float]] | None) -> Transport:
-    """The Ray transport: worker k asks for `resources[k]` (DEFAULT_RESOURCES when None)."""
+def ray_actors(ray: Any, resources: list[dict[str, float]]) -> Transport:
+    """The Ray transport: worker k asks for `resources[k]` (check them first with `check_resources`)."""
 
     @contextlib.asynccontextmanager
     async def start(workers: int) -> AsyncIterator[list[Link]]:
-        asked = resources[:workers] if resources is not None else [DEFAULT_RESOURCES] * workers
-        nodes = [node["Resources"] for node in alive_nodes(ray)]
-        for index, wanted in enumerate(asked):
-            if not any(fits(wanted, node) for node in nodes):
-                raise UsageError(f"--worker-resources: no live node of the cluster has what worker {index} asks for ({wanted})")
+        asked = resources[:workers]
         remote = ray.remote(ShardActor)
         actors = [
             remote.options(**task_options(wanted), max_concurrency=4, max_restarts=0).remote()
@@ -155,13 +151,22 @@ def ray_actors(ray: Any, resources: list[dict[str, float]] | None) -> Transport:
                 )
             except ray.exceptions.GetTimeoutError:
                 raise UsageError(f"--executor ray: the cluster did not start {workers} worker(s) within "
-                                 f"{PLACE_TIMEOUT_S:g}s (each asks for {asked[0]}); is it busy?") from None
+                                 f"{PLACE_TIMEOUT_S:g}s; is it busy?") from None
             yield [_ActorLink(ray, actor, node) for actor, node in zip(actors, placed)]
         finally:
             for actor in actors:
                 ray.kill(actor, no_restart=True)
 
     return start
+
+
+def check_resources(ray: Any, asked: list[dict[str, float]]) -> None:
+    """UsageError when a worker asks for more than any live node of the cluster has."""
+    nodes = [node["Resources"] for node in alive_nodes(ray)]
+    for index, wanted in enumerate(asked):
+        if not any(fits(wanted, node) for node in nodes):
+            ask = ", ".join(f"{name}={amount:g}" for name, amount in wanted.items())
+            raise UsageError(f"--worker-resources: no live node of the cluster has what worker {index} asks for ({ask})")
 
 
 def off_machine(target_host: str, driver_address: str, node_addresses: list[str]) -> list[str]:

@@ -650,13 +650,15 @@ def execute_run(
 
 def _ray_transport(options: RunOptions, base_url: str, stack: contextlib.ExitStack) -> "Transport":
     """Connect to Ray for the run (disconnected when `stack` closes) and check the cluster can reach the target."""
-    from repro.rayshards import check_target, ray_actors
+    from repro.rayshards import DEFAULT_RESOURCES, check_resources, check_target, ray_actors
     from repro.rayutil import connected
 
     ray = stack.enter_context(connected(options.ray_address))
     check_target(ray, base_url)
-    resources = options.worker_resources
-    return ray_actors(ray, [resources] * options.workers if isinstance(resources, dict) else resources)
+    resources = options.worker_resources or DEFAULT_RESOURCES
+    asked = [resources] * options.workers if isinstance(resources, dict) else resources
+    check_resources(ray, asked)
+    return ray_actors(ray, asked)
 
 
 def _save(

@@ -99,6 +99,17 @@ def test_bad_ray_options_are_one_line_and_make_no_run_directory(
         assert not out.exists()
 
 
+def test_a_request_no_node_has_is_refused_before_the_run(
+    cluster: tuple[Cluster, dict[str, str]], faulty: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    made, _ = cluster
+    out = tmp_path / "never"
+    code, _, err = run_main(capsys, "run", "--base-url", f"{faulty}/good/v1", "--out", str(out), "--workers", "2",
+                            "--executor", "ray", "--ray-address", made.address, "--worker-resources", '{"gpu_x": 1}')
+    assert code == 2 and "no live node of the cluster has what worker 0 asks for (gpu_x=1)" in err, err
+    assert err.count("\n") == 1 and not out.exists()
+
+
 def test_ray_workers_play_the_same_sessions_as_local_workers_on_the_nodes_asked(
     cluster: tuple[Cluster, dict[str, str]], faulty: str, tmp_path: Path
 ) -> None:
