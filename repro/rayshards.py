@@ -38,6 +38,9 @@ PLACE_TIMEOUT_S = 120.0
 """Time for every actor to be placed and started (Ray may start a worker process on a node for each)."""
 TAKE_WAIT_S = 0.25
 """How long one `take` waits for a frame before answering with none."""
+TAKE_EVERY_S = 0.1
+"""Least time between two `take`s of one actor: frames come in batches rather than one call each, so the
+calls' work in the actor's process (Ray's threads share its GIL with the load's event loop) stays small."""
 
 
 class ShardActor:
@@ -119,6 +122,7 @@ class _ActorLink:
                 yield message
                 if message[0] == "done":
                     return
+            await anyio.sleep(TAKE_EVERY_S)
 
     async def stop(self) -> None:
         self.actor.stop.remote()
