@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 
 import anyio
 
-from repro.errors import UsageError
+from repro.errors import InternalError, UsageError
 from repro.node import where
 from repro.rayutil import LOOPBACK, alive_nodes, fits, task_options
 from repro.shards import Frame, Link, ShardJob, Transport, play_shard
@@ -108,10 +108,14 @@ class _ActorLink:
         self._lost = "the actor ended"
 
     async def begin(self, job: ShardJob) -> None:
-        await anyio.to_thread.run_sync(self.ray.get, self.actor.start.remote(job))
+        try:
+            await anyio.to_thread.run_sync(self.ray.get, self.actor.start.remote(job))
+        except self.ray.exceptions.RayError as err:
+            self._lost = _first_line(err)
+            self.actor = None  # gone before its first frame: `frames` yields none
 
     async def frames(self) -> AsyncIterator[Frame]:
-        while True:
+        while self.actor is not None:
             ref = self.actor.take.remote(TAKE_WAIT_S)
             try:
                 batch = await anyio.to_thread.run_sync(self.ray.get, ref, abandon_on_cancel=True)
@@ -125,7 +129,8 @@ class _ActorLink:
             await anyio.sleep(TAKE_EVERY_S)
 
     async def stop(self) -> None:
-        self.actor.stop.remote()
+        if self.actor is not None:
+            self.actor.stop.remote()
 
     async def lost(self) -> str:
         return self._lost
@@ -156,6 +161,8 @@ def ray_actors(ray: Any, resources: list[dict[str, float]]) -> Transport:
             except ray.exceptions.GetTimeoutError:
                 raise UsageError(f"--executor ray: the cluster did not start {workers} worker(s) within "
                                  f"{PLACE_TIMEOUT_S:g}s; is it busy?") from None
+            except ray.exceptions.RayError as err:
+                raise InternalError(f"--executor ray: a worker failed to start: {_first_line(err)}") from None
             yield [_ActorLink(ray, actor, node) for actor, node in zip(actors, placed)]
         finally:
             for actor in actors:

@@ -327,7 +327,8 @@ class _ProcessLink:
 
     async def begin(self, job: ShardJob) -> None:
         assert self.stream is not None
-        await send_frame(self.stream, ("job", job))
+        with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+            await send_frame(self.stream, ("job", job))  # a worker already gone ends its frames at once
 
     async def frames(self) -> AsyncIterator[Frame]:
         assert self.stream is not None
