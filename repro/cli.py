@@ -287,6 +287,18 @@ def sim_serve(ctx: typer.Context) -> None:
     serve(parse_flags(ctx.args))
 
 
+def _from_keyboard_interrupt(err: BaseException) -> bool:
+    """Whether a KeyboardInterrupt lies in the chain of exceptions that `err` was raised from or during."""
+    seen: set[int] = set()
+    cause: BaseException | None = err
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, KeyboardInterrupt):
+            return True
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return False
+
+
 def main() -> None:
     """Console entry point: ReproError becomes one line on stderr and its exit code, never a traceback.
 
@@ -301,6 +313,9 @@ def main() -> None:
         sys.exit(err.exit_code)
     except BaseException as err:
         if isinstance(err, SystemExit):
+            if err.code == EXIT_INTERRUPTED and _from_keyboard_interrupt(err):
+                # typer turns a KeyboardInterrupt that reached it into a silent Exit(130)
+                typer.echo("repro: interrupted", err=True)
             raise
         if is_interrupt(err):
             typer.echo("repro: interrupted", err=True)
