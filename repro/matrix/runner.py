@@ -287,13 +287,13 @@ class MatrixRunner:
                 break
         return exit_code
 
-    def _executor_connection(self) -> contextlib.AbstractContextManager[None]:
+    def _executor_connection(self) -> contextlib.AbstractContextManager[object]:
         """Ray: connected once for every round (execute_on_ray reuses the connection); local: nothing."""
         if self.executor != "ray":
             return contextlib.nullcontext()
-        from repro.matrix.ray_executor import connection
+        from repro.rayutil import connected
 
-        return connection(self.ray_address)
+        return connected(self.ray_address)
 
     def _execute(self, pending: list[PlannedRun]) -> Iterator[tuple[PlannedRun, CellRun]]:
         """Each pending run with its record as it ends: one after another here, or at once on Ray."""
@@ -414,7 +414,7 @@ def run_matrix(
     if ray_address is not None and executor != "ray":
         raise UsageError("--ray-address needs --executor ray")
     if executor == "ray":
-        from repro.matrix.ray_executor import require_ray
+        from repro.rayutil import require_ray
 
         require_ray(ray_address)  # before the matrix directory is made
     if resume and out is None:
