@@ -11,7 +11,7 @@ That sum does not depend on which cells the rounds run: the cells of round r are
 looks before it, never from round r's own sessions. What the choice does touch is that each look's
 exact tests take the arms' session counts as given, while the rounds set them from earlier data;
 the choice only ever leaves out cells of comparisons that are already findings (or of strata that
-show no corruption), it never keeps drawing because a comparison is close to significance. The last
+show no corruption), it never picks cells by how close a comparison is to significance. The last
 look's verdicts are at alpha / K too (what early stopping costs).
 
 A comparison is decided once its verdict is a finding (causes, widens, reduces) that more data would
