@@ -15,7 +15,7 @@ import pytest
 from proc_helpers import wait_for
 import yaml
 
-from repro.matrix.ray_executor import task_options
+from repro.rayutil import task_options
 from repro.errors import UsageError
 from repro.procs import free_port
 from run_builders import run_main

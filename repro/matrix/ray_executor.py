@@ -14,12 +14,8 @@ process groups that task launched when the worker dies.
 
 from __future__ import annotations
 
-import importlib.util
 import io
-import os
 import shutil
-import socket
-import sys
 import tarfile
 import tempfile
 import time
@@ -29,77 +25,18 @@ from typing import Any, Iterator
 from rich.console import Console
 from rich.text import Text
 
-from repro.errors import UsageError
 from repro.matrix.analysis import CellRun
 from repro.matrix.design import PlannedRun
 from repro.matrix.spec import MatrixSpec
 from repro.node import where
+from repro.rayutil import alive_nodes, connect, fits, task_options
 
 CANCEL_GRACE_S = 60.0
 """After Ctrl-C, how long the tasks get to stop their deployments before they are killed."""
 SCRATCH = "\x00scratch\x00"
 """Stands for the task's scratch directory in what it printed; the driver puts the matrix directory there."""
-CONNECT_CHECK_S = 10.0
 UNPLACEABLE_AFTER_S = 10.0
 """A run no live node can take fails after this long (an autoscaler may add such a node meanwhile)."""
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
-LOCAL_ONLY_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
-RAY_NAMES = {"CPU": "num_cpus", "GPU": "num_gpus", "memory": "memory"}
-"""Resources Ray takes as task options of their own; any other name is a custom resource."""
-
-
-def task_options(resources: dict[str, float]) -> dict[str, Any]:
-    """Ray task options asking for `resources` (spec names: CPU, GPU, memory, custom ones)."""
-    options: dict[str, Any] = {"num_cpus": 0}
-    custom: dict[str, float] = {}
-    for name, amount in resources.items():
-        if name in RAY_NAMES:
-            options[RAY_NAMES[name]] = amount
-        else:
-            custom[name] = amount
-    if custom:
-        options["resources"] = custom
-    return options
-
-
-def require_ray(address: str | None) -> None:
-    """UsageError unless Ray is installed (the `cluster` extra) and something answers at `address`.
-
-    Checked before the matrix directory is made; Ray itself is imported only to connect.
-    """
-    if importlib.util.find_spec("ray") is None:
-        raise UsageError("--executor ray needs Ray: pip install 'repro[cluster]'")
-    if address and address not in ("auto", "local"):
-        _check_reachable(address)
-
-
-def _check_reachable(address: str) -> None:
-    """UsageError at once when nothing answers at HOST:PORT (Ray would retry it for minutes)."""
-    host, _, port = address.removeprefix("ray://").rpartition(":")
-    if not host or not port.isdigit():
-        raise UsageError(f"--ray-address {address}: expected HOST:PORT (the head node's GCS address)")
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_CHECK_S).close()
-    except OSError as err:
-        raise UsageError(f"--ray-address {address}: nothing answers there ({err.strerror or err})") from None
-
-
-def _connect(address: str | None) -> tuple[Any, bool]:
-    """The `ray` module, connected; True when this call connected it (and should disconnect)."""
-    host = (address or "").rpartition(":")[0].strip("[]")
-    if host in LOOPBACK and "ray" not in sys.modules:
-        # Ray rewrites a loopback address to the machine's outward one before connecting, which a
-        # Ray bound to loopback does not answer. This switch (read when ray is imported) keeps loopback.
-        os.environ.setdefault(LOCAL_ONLY_ENV, "0")
-    import ray
-    if ray.is_initialized():
-        return ray, False
-    try:
-        # No address: a one-machine Ray started here and stopped at the end (RAY_ADDRESS is honoured).
-        ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
-    except (ConnectionError, RuntimeError, ValueError) as err:
-        raise UsageError(f"--ray-address {address}: cannot connect to Ray: {str(err).splitlines()[0]}") from None
-    return ray, True
 
 
 def _cell_task(spec: MatrixSpec, run: PlannedRun, total: int, cell_reports: bool) -> tuple[str, str, bytes]:
@@ -142,20 +79,16 @@ def _failed(run: PlannedRun, resources: dict[str, float], err: BaseException | N
     )
 
 
-def _fits(asked: dict[str, float], node: dict[str, float]) -> bool:
-    return all(node.get(name, 0.0) >= amount for name, amount in asked.items() if amount > 0)
-
-
 def _unplaceable(
     ray: Any, refs: dict[Any, PlannedRun], ready: list[Any], asked: dict[str, dict[str, float]], since: dict[Any, float]
 ) -> list[Any]:
     """Tasks that no live node could run for UNPLACEABLE_AFTER_S: Ray would keep them pending for ever
     (the node that had the resource died, or none ever had it)."""
-    totals = [node["Resources"] for node in ray.nodes() if node.get("Alive")]
+    totals = [node["Resources"] for node in alive_nodes(ray)]
     now = time.monotonic()
     out = []
     for ref, run in refs.items():
-        if ref in ready or any(_fits(asked[run.key], node) for node in totals):
+        if ref in ready or any(fits(asked[run.key], node) for node in totals):
             since.pop(ref, None)
         elif now - since.setdefault(ref, now) >= UNPLACEABLE_AFTER_S:
             out.append(ref)
@@ -173,7 +106,7 @@ def execute_on_ray(
     address: str | None,
 ) -> Iterator[tuple[PlannedRun, CellRun]]:
     """Submit every pending run at once; yield each with its record as it ends (in whatever order)."""
-    ray, connected = _connect(address)
+    ray, connected = connect(address)
     console.print(Text(f"Ray executor: {len(pending)} run(s) submitted to the cluster from {where()['hostname']}"))
     remote = ray.remote(max_retries=0)(_cell_task)
     asked = {run.key: spec.resources.for_cell(run.cell.as_dict()) for run in pending}
