@@ -412,7 +412,10 @@ _JSON = json.JSONEncoder(separators=(",", ":"), allow_nan=False)  # NaN is not J
 _SHARED_TEXT_BYTES = 512
 """Strings at least this long are remembered across sessions by `_text`: a system prompt, a tool's output."""
 _SHARED_TEXTS_MAX = 4096
+_SHARED_TEXTS_MAX_CHARS = 32 * 1024 * 1024
+"""What the remembered strings and their JSON may hold in all, so long answers cannot pile up in memory."""
 _shared_texts: dict[int, tuple[str, str]] = {}
+_shared_chars = 0
 
 
 def _text(value: str) -> str:
@@ -421,15 +424,19 @@ def _text(value: str) -> str:
     Every session sends the same system prompt, and the sandbox hands every session the same result
     object for the same call: encoded once for the run instead of once per session and turn.
     """
+    global _shared_chars
     if len(value) < _SHARED_TEXT_BYTES:
         return _JSON.encode(value)
     known = _shared_texts.get(id(value))
     if known is not None and known[0] is value:
         return known[1]
     text = _JSON.encode(value)
-    if len(_shared_texts) >= _SHARED_TEXTS_MAX:
+    if len(_shared_texts) >= _SHARED_TEXTS_MAX or _shared_chars + len(value) + len(text) > _SHARED_TEXTS_MAX_CHARS:
         _shared_texts.clear()
-    _shared_texts[id(value)] = (value, text)  # the object is kept with it: its id cannot be reused meanwhile
+        _shared_chars = 0
+    if len(value) + len(text) <= _SHARED_TEXTS_MAX_CHARS:
+        _shared_texts[id(value)] = (value, text)  # the object is kept with it: its id cannot be reused meanwhile
+        _shared_chars += len(value) + len(text)
     return text
 
 
