@@ -405,7 +405,7 @@ def run_matrix(
     if ray_address is not None and executor != "ray":
         raise UsageError("--ray-address needs --executor ray")
     if executor == "ray":
-        from repro.matrix.ray_executor import require_ray
+        from repro.rayutil import require_ray
 
         require_ray(ray_address)  # before the matrix directory is made
     if resume and out is None:

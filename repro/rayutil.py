@@ -1,0 +1,229 @@
+"""What every `--executor ray` shares: checking for Ray and connecting to it, turning resource names
+into task options, running a task in a scratch directory whose files go back to the driver as one
+archive, waiting for tasks as they end (failing those no live node can take), and cancelling them.
+
+Users: `repro matrix` (repro.matrix.ray_executor), `repro bisect` (repro.bisect.executor) and
+`repro sweep` (repro.sweep). Ray itself is imported only to connect, so commands that never use it
+never pay for it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import io
+import json
+import os
+import shutil
+import socket
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+from rich.console import Console
+from rich.text import Text
+
+from repro.errors import UsageError
+
+CANCEL_GRACE_S = 60.0
+"""After Ctrl-C, how long the tasks get to stop their deployments before they are killed."""
+SCRATCH = "\x00scratch\x00"
+"""Stands for a task's scratch directory in what it printed; the driver puts its own directory there."""
+CONNECT_CHECK_S = 10.0
+UNPLACEABLE_AFTER_S = 10.0
+"""A task no live node can take fails after this long (an autoscaler may add such a node meanwhile)."""
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+LOCAL_ONLY_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+RAY_NAMES = {"CPU": "num_cpus", "GPU": "num_gpus", "memory": "memory"}
+"""Resources Ray takes as task options of their own; any other name is a custom resource."""
+DEFAULT_RESOURCES = {"CPU": 1.0}
+"""What a task asks for when nothing says otherwise (as a matrix spec's `resources.run`)."""
+
+
+def task_options(resources: dict[str, float]) -> dict[str, Any]:
+    """Ray task options asking for `resources` (spec names: CPU, GPU, memory, custom ones)."""
+    options: dict[str, Any] = {"num_cpus": 0}
+    custom: dict[str, float] = {}
+    for name, amount in resources.items():
+        if name in RAY_NAMES:
+            options[RAY_NAMES[name]] = amount
+        else:
+            custom[name] = amount
+    if custom:
+        options["resources"] = custom
+    return options
+
+
+def parse_resources(text: str, *, option: str = "--resources") -> dict[str, float]:
+    """`{"GPU": 8, "h100": 1}` from the command line: a JSON object of resource names and amounts >= 0."""
+    try:
+        value = json.loads(text)
+    except ValueError as err:
+        raise UsageError(f"{option} {text!r}: not JSON ({err.msg}); expected e.g. '{{\"GPU\": 8}}'") from None
+    if not isinstance(value, dict) or not value:
+        raise UsageError(f"{option} {text!r}: expected a JSON object of resource names and amounts, e.g. '{{\"GPU\": 8}}'")
+    for name, amount in value.items():
+        if isinstance(amount, bool) or not isinstance(amount, (int, float)) or amount < 0:
+            raise UsageError(f"{option}: {name!r} must be a number >= 0, got {json.dumps(amount)}")
+    return {name: float(amount) for name, amount in value.items()}
+
+
+def require_ray(address: str | None) -> None:
+    """UsageError unless Ray is installed (the `cluster` extra) and something answers at `address`.
+
+    Checked before a command makes its directory; Ray itself is imported only to connect.
+    """
+    if importlib.util.find_spec("ray") is None:
+        raise UsageError("--executor ray needs Ray: pip install 'repro[cluster]'")
+    if address and address not in ("auto", "local"):
+        _check_reachable(address)
+
+
+def _check_reachable(address: str) -> None:
+    """UsageError at once when nothing answers at HOST:PORT (Ray would retry it for minutes)."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        raise UsageError(f"--ray-address {address}: expected HOST:PORT (the head node's GCS address)")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_CHECK_S).close()
+    except OSError as err:
+        raise UsageError(f"--ray-address {address}: nothing answers there ({err.strerror or err})") from None
+
+
+@contextlib.contextmanager
+def connected(address: str | None) -> Iterator[Any]:
+    """The `ray` module, connected to `address` for the block (disconnected after it when this call connected)."""
+    host = (address or "").rpartition(":")[0].strip("[]")
+    if host in LOOPBACK and "ray" not in sys.modules:
+        # Ray rewrites a loopback address to the machine's outward one before connecting, which a
+        # Ray bound to loopback does not answer. This switch (read when ray is imported) keeps loopback.
+        os.environ.setdefault(LOCAL_ONLY_ENV, "0")
+    import ray
+
+    if ray.is_initialized():
+        yield ray
+        return
+    try:
+        # No address: a one-machine Ray started here and stopped at the end (RAY_ADDRESS is honoured).
+        ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    except (ConnectionError, RuntimeError, ValueError) as err:
+        raise UsageError(f"--ray-address {address}: cannot connect to Ray: {str(err).splitlines()[0]}") from None
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+def submit(ray: Any, function: Any, resources: dict[str, float], name: str, *args: Any) -> Any:
+    """Start `function(*args)` as a Ray task asking for `resources`; never retried (a lost task is a
+    failed one, which the command records and `--resume` reruns). Its ObjectRef."""
+    remote = ray.remote(max_retries=0)(function)
+    return remote.options(**task_options(resources), name=name).remote(*args)
+
+
+@contextlib.contextmanager
+def scratch(prefix: str) -> Iterator[Path]:
+    """In a task: a fresh directory on the node, removed with everything in it after the block."""
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def captured() -> tuple[Console, io.StringIO]:
+    """In a task: a console whose output goes back to the driver, wide enough that a path never wraps
+    (the scratch directory's path in it is replaced by the driver's directory)."""
+    screen = io.StringIO()
+    return Console(file=screen, width=400, highlight=False), screen
+
+
+def printed(screen: io.StringIO, directory: Path) -> str:
+    """What a task printed, with its scratch `directory` marked for the driver to replace."""
+    return screen.getvalue().replace(str(directory), SCRATCH)
+
+
+def replay(console: Console, text: str, directory: Path) -> None:
+    """Print on the driver what a task printed, naming `directory` where the task named its scratch."""
+    for line in text.replace(SCRATCH, str(directory)).splitlines():
+        console.print(Text(line), soft_wrap=True)  # laid out on the node already
+
+
+def pack(directory: Path, tops: tuple[str, ...] | None = None, *, leave: tuple[str, ...] = ()) -> bytes:
+    """A tar.gz of `directory` (only its entries `tops` when given; without the entries in `leave`)."""
+    archive = io.BytesIO()
+    names = tops if tops is not None else tuple(sorted(p.name for p in directory.iterdir()))
+    with tarfile.open(fileobj=archive, mode="w:gz") as tar:
+        for top in names:
+            if top not in leave and (directory / top).exists():
+                tar.add(directory / top, arcname=top)
+    return archive.getvalue()
+
+
+def unpack(archive: bytes, path: Path) -> None:
+    """Extract what `pack` made into `path` (refusing absolute paths, links out of it, devices)."""
+    with tarfile.open(fileobj=io.BytesIO(archive), mode="r:gz") as tar:
+        tar.extractall(path, filter="data")
+
+
+def _fits(asked: dict[str, float], node: dict[str, float]) -> bool:
+    return all(node.get(name, 0.0) >= amount for name, amount in asked.items() if amount > 0)
+
+
+def _unplaceable(ray: Any, asked: dict[Any, dict[str, float]], ready: list[Any], since: dict[Any, float]) -> list[Any]:
+    """Tasks that no live node could run for UNPLACEABLE_AFTER_S: Ray would keep them pending for ever
+    (the node that had the resource died, or none ever had it)."""
+    totals = [node["Resources"] for node in ray.nodes() if node.get("Alive")]
+    now = time.monotonic()
+    out = []
+    for ref, resources in asked.items():
+        if ref in ready or any(_fits(resources, node) for node in totals):
+            since.pop(ref, None)
+        elif now - since.setdefault(ref, now) >= UNPLACEABLE_AFTER_S:
+            out.append(ref)
+    return out
+
+
+def as_completed(ray: Any, asked: dict[Any, dict[str, float]], console: Console) -> Iterator[tuple[Any, Any, str | None]]:
+    """`(ref, value, None)` for each task of `asked` (its ref: its resources) as it ends, or
+    `(ref, None, why)` when it ended without a value (its node or worker died) or no live node can
+    take it. Leaving early (Ctrl-C, an error, `close()`) cancels the tasks still out."""
+    out = dict(asked)
+    waiting: dict[Any, float] = {}
+    try:
+        while out:
+            ready, _ = ray.wait(list(out), num_returns=1, timeout=1.0)
+            for ref in _unplaceable(ray, out, ready, waiting):
+                out.pop(ref)
+                ray.cancel(ref, force=False)
+                yield ref, None, f"no live node of the cluster has the resources asked for, for {UNPLACEABLE_AFTER_S:g}s"
+            for ref in ready:
+                out.pop(ref)
+                try:
+                    value = ray.get(ref)
+                except ray.exceptions.RayError as err:
+                    detail = str(err).strip().splitlines()
+                    yield ref, None, (f"the Ray task ended without a result "
+                                      f"({type(err).__name__}: {detail[0] if detail else ''})")
+                    continue
+                yield ref, value, None
+    finally:
+        cancel(ray, list(out), console)
+
+
+def cancel(ray: Any, refs: list[Any], console: Console) -> None:
+    """Stop the tasks still out: Ctrl-C in each (its deployment stops), then force after CANCEL_GRACE_S."""
+    if not refs:
+        return
+    console.print(Text(f"cancelling {len(refs)} Ray task(s)"))
+    for ref in refs:
+        ray.cancel(ref, force=False)
+    deadline = time.monotonic() + CANCEL_GRACE_S
+    left = refs
+    while left and time.monotonic() < deadline:
+        _, left = ray.wait(left, num_returns=len(left), timeout=0.5)
+    for ref in left:
+        ray.cancel(ref, force=True)
