@@ -35,9 +35,9 @@ class Commit:
         return f"{index} {self.sha[:10]} {self.subject}"
 
 
-def _git(repo: Path, *args: str, stdout: int | None = subprocess.PIPE) -> subprocess.CompletedProcess:
+def _git(repo: Path, *args: str) -> subprocess.CompletedProcess:
     try:
-        return subprocess.run(["git", "-C", str(repo), *args], stdout=stdout, stderr=subprocess.PIPE,
+        return subprocess.run(["git", "-C", str(repo), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               timeout=GIT_TIMEOUT_S, check=False)
     except FileNotFoundError:
         raise UsageError("git is not installed (needed to bisect commits)") from None
