@@ -154,7 +154,12 @@ def run_command(
     replay: str | None = typer.Option(
         None, "--replay", help="With a trace (.jsonl) workload: fast (default) or timing (keep the recorded gaps between turns)."
     ),
-    workers: int | None = typer.Option(None, "--workers", help="Shard the sessions across N local processes (default: 1)."),
+    workers: int | None = typer.Option(None, "--workers", help="Shard the sessions across N workers (default: 1, this process alone)."),
+    executor: str | None = typer.Option(None, "--executor", help="With --workers: local processes (default) or ray actors."),
+    ray_address: str | None = typer.Option(None, "--ray-address", help="With --executor ray: the cluster (default: RAY_ADDRESS, else a local Ray)."),
+    worker_resources: str | None = typer.Option(
+        None, "--worker-resources", help='With --executor ray: Ray resources per worker, {"CPU": 1} (default) or a list, one per worker.'
+    ),
     config: Path | None = typer.Option(None, "--config", help="YAML file of these options; the command line wins."),
 ) -> None:
     """Drive a deployment with concurrent agentic sessions and classify each as clean, corrupt, timeout or error."""
@@ -290,6 +295,18 @@ def sim_serve(ctx: typer.Context) -> None:
     serve(parse_flags(ctx.args))
 
 
+def _from_keyboard_interrupt(err: BaseException) -> bool:
+    """Whether a KeyboardInterrupt lies in the chain of exceptions that `err` was raised from or during."""
+    seen: set[int] = set()
+    cause: BaseException | None = err
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, KeyboardInterrupt):
+            return True
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return False
+
+
 def main() -> None:
     """Console entry point: ReproError becomes one line on stderr and its exit code, never a traceback.
 
@@ -304,6 +321,9 @@ def main() -> None:
         sys.exit(err.exit_code)
     except BaseException as err:
         if isinstance(err, SystemExit):
+            if err.code == EXIT_INTERRUPTED and _from_keyboard_interrupt(err):
+                # typer turns a KeyboardInterrupt that reached it into a silent Exit(130)
+                typer.echo("repro: interrupted", err=True)
             raise
         if is_interrupt(err):
             typer.echo("repro: interrupted", err=True)

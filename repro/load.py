@@ -64,6 +64,8 @@ class LoadResult:
     duration_s: float
     worker_loop_lag_s: list[list[float]] = field(default_factory=list)
     """Per worker process with `--workers`: its own loop-lag samples (all of them are in `loop_lag_s` too)."""
+    lost: dict[int, str] = field(default_factory=dict)
+    """With `--workers`: each worker lost mid-run, and why (repro.shards)."""
 
 
 class LagSampler:

@@ -1,10 +1,12 @@
-"""What every `--executor ray` shares: checking for Ray and connecting to it, turning resource names
-into task options, running a task in a scratch directory whose files go back to the driver as one
-archive, waiting for tasks as they end (failing those no live node can take), and cancelling them.
+"""Ray for repro's executors: is it installed, is the cluster there, connect, ask for resources, node
+facts; and for those whose unit of work is one task (a matrix run, a bisect probe, a sweep): running a
+task in a scratch directory whose files go back to the driver as one archive, waiting for tasks as
+they end (failing those no live node can take), and cancelling them.
 
-Users: `repro matrix` (repro.matrix.ray_executor), `repro bisect` (repro.bisect.executor) and
-`repro sweep` (repro.sweep). Ray itself is imported only to connect, so commands that never use it
-never pay for it.
+Shared by `repro matrix --executor ray` (repro.matrix.ray_executor), `repro run --executor ray`
+(repro.rayshards), `repro bisect --executor ray` (repro.bisect.executor) and `repro sweep --executor
+ray` (repro.sweep). Ray is imported only inside `connect`: a usage error never waits for it, and
+repro works without the `cluster` extra.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ DEFAULT_RESOURCES = {"CPU": 1.0}
 
 
 def task_options(resources: dict[str, float]) -> dict[str, Any]:
-    """Ray task options asking for `resources` (spec names: CPU, GPU, memory, custom ones)."""
+    """Ray task (or actor) options asking for `resources` (names: CPU, GPU, memory, custom ones)."""
     options: dict[str, Any] = {"num_cpus": 0}
     custom: dict[str, float] = {}
     for name, amount in resources.items():
@@ -74,7 +76,7 @@ def parse_resources(text: str, *, option: str = "--resources") -> dict[str, floa
 def require_ray(address: str | None) -> None:
     """UsageError unless Ray is installed (the `cluster` extra) and something answers at `address`.
 
-    Checked before a command makes its directory; Ray itself is imported only to connect.
+    Checked before a run or matrix directory is made; Ray itself is imported only to connect.
     """
     if importlib.util.find_spec("ray") is None:
         raise UsageError("--executor ray needs Ray: pip install 'repro[cluster]'")
@@ -93,28 +95,43 @@ def _check_reachable(address: str) -> None:
         raise UsageError(f"--ray-address {address}: nothing answers there ({err.strerror or err})") from None
 
 
-@contextlib.contextmanager
-def connected(address: str | None) -> Iterator[Any]:
-    """The `ray` module, connected to `address` for the block (disconnected after it when this call connected)."""
+def connect(address: str | None) -> tuple[Any, bool]:
+    """The `ray` module, connected; True when this call connected it (and should disconnect)."""
     host = (address or "").rpartition(":")[0].strip("[]")
     if host in LOOPBACK and "ray" not in sys.modules:
         # Ray rewrites a loopback address to the machine's outward one before connecting, which a
         # Ray bound to loopback does not answer. This switch (read when ray is imported) keeps loopback.
         os.environ.setdefault(LOCAL_ONLY_ENV, "0")
     import ray
-
     if ray.is_initialized():
-        yield ray
-        return
+        return ray, False
     try:
         # No address: a one-machine Ray started here and stopped at the end (RAY_ADDRESS is honoured).
         ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
     except (ConnectionError, RuntimeError, ValueError) as err:
         raise UsageError(f"--ray-address {address}: cannot connect to Ray: {str(err).splitlines()[0]}") from None
+    return ray, True
+
+
+@contextlib.contextmanager
+def connected(address: str | None) -> Iterator[Any]:
+    """`connect` for a block: the `ray` module, disconnected at the end when the block connected it."""
+    ray, owned = connect(address)
     try:
         yield ray
     finally:
-        ray.shutdown()
+        if owned:
+            ray.shutdown()
+
+
+def fits(asked: dict[str, float], node: dict[str, float]) -> bool:
+    """Whether a node with resources `node` (Ray's names) can take a request of `asked` (Ray's names too)."""
+    return all(node.get(name, 0.0) >= amount for name, amount in asked.items() if amount > 0)
+
+
+def alive_nodes(ray: Any) -> list[dict[str, Any]]:
+    """`ray.nodes()` entries of the nodes alive now (NodeID, NodeManagerAddress, Resources, ...)."""
+    return [node for node in ray.nodes() if node.get("Alive")]
 
 
 def submit(ray: Any, function: Any, resources: dict[str, float], name: str, *args: Any) -> Any:
@@ -152,13 +169,13 @@ def replay(console: Console, text: str, directory: Path) -> None:
         console.print(Text(line), soft_wrap=True)  # laid out on the node already
 
 
-def pack(directory: Path, tops: tuple[str, ...] | None = None, *, leave: tuple[str, ...] = ()) -> bytes:
-    """A tar.gz of `directory` (only its entries `tops` when given; without the entries in `leave`)."""
+def pack(directory: Path, tops: tuple[str, ...] | None = None) -> bytes:
+    """A tar.gz of `directory` (only its entries `tops` when given)."""
     archive = io.BytesIO()
     names = tops if tops is not None else tuple(sorted(p.name for p in directory.iterdir()))
     with tarfile.open(fileobj=archive, mode="w:gz") as tar:
         for top in names:
-            if top not in leave and (directory / top).exists():
+            if (directory / top).exists():
                 tar.add(directory / top, arcname=top)
     return archive.getvalue()
 
@@ -169,18 +186,14 @@ def unpack(archive: bytes, path: Path) -> None:
         tar.extractall(path, filter="data")
 
 
-def _fits(asked: dict[str, float], node: dict[str, float]) -> bool:
-    return all(node.get(name, 0.0) >= amount for name, amount in asked.items() if amount > 0)
-
-
 def _unplaceable(ray: Any, asked: dict[Any, dict[str, float]], ready: list[Any], since: dict[Any, float]) -> list[Any]:
     """Tasks that no live node could run for UNPLACEABLE_AFTER_S: Ray would keep them pending for ever
     (the node that had the resource died, or none ever had it)."""
-    totals = [node["Resources"] for node in ray.nodes() if node.get("Alive")]
+    totals = [node["Resources"] for node in alive_nodes(ray)]
     now = time.monotonic()
     out = []
     for ref, resources in asked.items():
-        if ref in ready or any(_fits(resources, node) for node in totals):
+        if ref in ready or any(fits(resources, node) for node in totals):
             since.pop(ref, None)
         elif now - since.setdefault(ref, now) >= UNPLACEABLE_AFTER_S:
             out.append(ref)

@@ -360,6 +360,16 @@ class Summary(_Record):
     """Set by `repro run --until-decided`."""
 
 
+class WorkerPlace(_Record):
+    """One `--workers` worker in the manifest: where it ran, and why it was lost if it was."""
+
+    index: int
+    node: dict[str, str]
+    """repro.node in the worker: hostname, and ray_node_id for a Ray actor."""
+    lost: str | None = None
+    """Set when the worker ended without finishing its sessions (its process or its node died)."""
+
+
 class Manifest(_Record):
     """manifest.json: what was run, against what, with which versions; written at start, completed at end."""
 
@@ -377,6 +387,8 @@ class Manifest(_Record):
     versions: dict[str, str] = Field(default_factory=dict)
     node: dict[str, str] | None = None
     """Where the load ran (repro.node): hostname, and ray_node_id under the Ray executor."""
+    workers: list[WorkerPlace] = Field(default_factory=list)
+    """With `--workers`: where each worker ran (written once all are up, again at the end)."""
     started_at: str
     """ISO 8601, UTC."""
     ended_at: str | None = None

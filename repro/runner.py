@@ -21,7 +21,7 @@ import threading
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Iterator, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Callable, Iterator, Literal
 from urllib.parse import urlsplit
 
 import anyio
@@ -39,6 +39,7 @@ from repro.errors import (
     EXIT_INCONCLUSIVE,
     EXIT_INTERRUPTED,
     EXIT_OK,
+    InternalError,
     ReproError,
     TargetError,
     UsageError,
@@ -54,7 +55,7 @@ from repro.metrics import MetricsScraper, metrics_url, server_root
 from repro.node import where
 from repro.observe import ObserveMode, RawEndpoint, thinking_of
 from repro.rawprobe import PROBE_TIMEOUT_S, ProbeRequest, ProbeResult, probe
-from repro.records import Manifest, OutcomeCounts, SessionRecord, Summary
+from repro.records import Manifest, OutcomeCounts, SessionRecord, Summary, WorkerPlace
 from repro.replay import ReplaySession
 from repro.session import Session, SessionConfig
 from repro.shards import run_sharded
@@ -66,6 +67,7 @@ from repro.untrusted import NestingError, get_bounded, json_depth, parse_json
 from repro.workload import Workload, load_scenario
 
 if TYPE_CHECKING:
+    from repro.shards import Transport
     from repro.stopping import BaselineRule, Look, StoppingRule
 
 EMBEDDED_SIM_ARGS = ("--enable-hierarchical-cache", "--index-k-dtype", "bf16", "--enable-metrics", "--enable-cache-report")
@@ -143,7 +145,14 @@ class RunOptions(BaseModel):
     """With a trace workload (.jsonl): send each recorded turn as soon as the last answer is in, or keep the
     recorded gaps between turns."""
     workers: int = Field(default=1, ge=1, le=256)
-    """Worker processes the sessions are sharded across (repro.shards); 1: this process alone."""
+    """Workers the sessions are sharded across (repro.shards); 1: this process alone."""
+    executor: Literal["local", "ray"] = "local"
+    """What the workers are: local processes, or Ray actors on a cluster (repro.rayshards; needs `workers`)."""
+    ray_address: str | None = None
+    """With executor ray: the cluster's HOST:PORT; none: RAY_ADDRESS, else a Ray started here for the run."""
+    worker_resources: list[dict[str, float]] | dict[str, float] | None = None
+    """With executor ray: the Ray resources every worker asks for (a list: one entry per worker, in order);
+    none: one CPU each."""
 
     @field_validator("client_parser")
     @classmethod
@@ -198,6 +207,22 @@ class RunOptions(BaseModel):
             raise ValueError(f"not JSON: {err}") from None
         return value
 
+    @field_validator("worker_resources", mode="before")
+    @classmethod
+    def _resources(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            try:
+                value = parse_json(value)
+            except ValueError as err:
+                raise ValueError(f"not valid JSON: {err}") from None
+        for entry in value if isinstance(value, list) else [value]:
+            if not isinstance(entry, dict) or not entry:
+                raise ValueError('expected a JSON object of Ray resources ({"CPU": 1, "loadgen": 1}) or a list of them')
+            for name, amount in entry.items():
+                if isinstance(amount, bool) or not isinstance(amount, (int, float)) or not 0 <= amount < float("inf"):
+                    raise ValueError(f"resource {name!r}: expected a number of at least 0, got {amount!r}")
+        return value
+
     @field_validator("sim_args", mode="before")
     @classmethod
     def _split(cls, value: Any) -> Any:
@@ -221,11 +246,25 @@ class RunOptions(BaseModel):
             if self.concurrency is None or self.concurrency >= self.sessions:
                 raise ValueError("--until-decided needs --concurrency below --sessions: a wave is one concurrency's "
                                  "worth of sessions, and the rule looks after each")
-        if self.workers > 1 and self.until_decided:
+        if self.sharded and self.until_decided:
             raise ValueError("--workers runs the sessions in one wave; --until-decided looks between waves: use one")
-        if self.workers > 1 and is_trace(self.workload):
+        if self.sharded and is_trace(self.workload):
             raise ValueError("--workers shards generated sessions; a trace (.jsonl) is replayed in one process")
+        if self.executor == "ray" and "workers" not in self.model_fields_set:
+            raise ValueError("--executor ray needs --workers N: the number of Ray actors that share the sessions")
+        if self.executor != "ray":
+            for name in ("ray_address", "worker_resources"):
+                if getattr(self, name) is not None:
+                    raise ValueError(f"--{name.replace('_', '-')} needs --executor ray")
+        if isinstance(self.worker_resources, list) and len(self.worker_resources) != self.workers:
+            raise ValueError(f"--worker-resources: a list gives one entry per worker: {self.workers} expected, "
+                             f"{len(self.worker_resources)} given")
         return self
+
+    @property
+    def sharded(self) -> bool:
+        """The sessions are played by workers (processes or actors) and streamed back (repro.shards)."""
+        return self.workers > 1 or self.executor == "ray"
 
     @classmethod
     def parse(cls, data: dict[str, Any], *, source: str = "options") -> "RunOptions":
@@ -398,6 +437,8 @@ class _Driven:
     duration: float
     worker_lag: list[list[float]]
     """Per worker process with `--workers`: its own loop-lag samples (all are in `lag` too)."""
+    lost: dict[int, str] = dataclasses.field(default_factory=dict)
+    """With `--workers`: the workers lost mid-run, and why."""
     looks: "list[Look] | None" = None
     """The stopping rule's looks, for a `--until-decided` run."""
 
@@ -418,6 +459,8 @@ async def _drive(
     live: bool,
     base_url: str,
     rule: "StoppingRule | BaselineRule | None",
+    transport: "Transport | None" = None,
+    on_placed: Callable[[list[dict[str, str]]], None] | None = None,
 ) -> _Driven:
     concurrency = options.concurrency or options.sessions
     records: list[SessionRecord] = []
@@ -442,6 +485,7 @@ async def _drive(
     interrupted = False
     lag: list[float] = []
     worker_lag: list[list[float]] = []
+    lost: dict[int, str] = {}
     duration = 0.0
     loop = asyncio.get_running_loop()
     async with (
@@ -465,10 +509,10 @@ async def _drive(
                 def make_session(index: int, first: int = wave.start) -> Session:
                     return kind(first + index, config, client, keep_raw=keep_raw, origin=origin)
 
-                if options.workers > 1:  # one wave: RunOptions refuses --workers with --until-decided
+                if options.sharded:  # one wave: RunOptions refuses --workers with --until-decided
                     result = await run_sharded(
                         min(options.workers, concurrency, len(wave)), len(wave), concurrency, config, on_finish, keep_raw,
-                        ramp_up=options.ramp_up, progress=progress, stop=halt,
+                        ramp_up=options.ramp_up, progress=progress, stop=halt, transport=transport, on_placed=on_placed,
                     )
                 else:
                     result = await run_load(
@@ -477,6 +521,7 @@ async def _drive(
                     )
                 lag += result.loop_lag_s
                 worker_lag += result.worker_loop_lag_s
+                lost.update(result.lost)
                 duration += result.duration_s
                 interrupted = result.interrupted
                 if interrupted or rule is None:
@@ -492,7 +537,7 @@ async def _drive(
         if not interrupted:
             # The counters as the run ends, whatever the scrape interval left out.
             await scraper.scrape_once(origin)
-    return _Driven(records, interrupted, lag, duration, worker_lag, looks if rule is not None else None)
+    return _Driven(records, interrupted or bool(lost), lag, duration, worker_lag, lost, looks if rule is not None else None)
 
 
 def _stopping_rule(options: RunOptions) -> "StoppingRule | BaselineRule | None":
@@ -541,6 +586,10 @@ def execute_run(
     headers = _headers(options)
     secrets = [value.removeprefix("Bearer ") for value in headers.values()]
     rule = _stopping_rule(options)  # before anything is made: a bad --baseline is a usage error
+    if options.executor == "ray":
+        from repro.rayutil import require_ray
+
+        require_ray(options.ray_address)  # before the run directory is made
     name = options.name or loaded.name
     run_dir, created = _run_dir(options, name)  # made now: before a simulator starts or a target is asked anything
     ensure_open_files(options.concurrency or options.sessions)
@@ -557,6 +606,7 @@ def execute_run(
             target = resolve_target(base_url, options.model, headers, embedded=False, sim_args=[])
             writer = start.writer = RunWriter(run_dir, secrets=secrets)
             stack.callback(writer.close)
+        transport = _ray_transport(options, base_url, stack) if options.executor == "ray" else None
         config = _session_config(options, target, loaded.scenario, headers)
         observed = _observe(options, config, base_url, headers)
         config = dataclasses.replace(config, observe=observed.plan)
@@ -585,10 +635,30 @@ def execute_run(
         except OSError as err:
             raise UsageError(f"--out {run_dir}: cannot write the manifest: {err.strerror or err}") from None
         start.done = True
+
+        def on_placed(nodes: list[dict[str, str]]) -> None:
+            nonlocal manifest
+            manifest = manifest.model_copy(update={"workers": [WorkerPlace(index=i, node=n) for i, n in enumerate(nodes)]})
+            with contextlib.suppress(OSError):  # written again at the end; a full disk is noticed there
+                writer.write_manifest(manifest)
+
         with saving("the records of the sessions in flight, summary.json and report.html"):
-            driven = anyio.run(_drive, options, config, writer, console, live, base_url, rule)
+            driven = anyio.run(_drive, options, config, writer, console, live, base_url, rule, transport, on_placed)
     with saving("summary.json and report.html"):
         return _save(options, run_dir, writer, manifest, driven, rule, console, report)
+
+
+def _ray_transport(options: RunOptions, base_url: str, stack: contextlib.ExitStack) -> "Transport":
+    """Connect to Ray for the run (disconnected when `stack` closes) and check the cluster can reach the target."""
+    from repro.rayshards import DEFAULT_RESOURCES, check_resources, check_target, ray_actors
+    from repro.rayutil import connected
+
+    ray = stack.enter_context(connected(options.ray_address))
+    check_target(ray, base_url)
+    resources = options.worker_resources or DEFAULT_RESOURCES
+    asked = [resources] * options.workers if isinstance(resources, dict) else resources
+    check_resources(ray, asked)
+    return ray_actors(ray, asked)
 
 
 def _save(
@@ -610,10 +680,18 @@ def _save(
     full = writer.full
     observe = manifest.observe or {}
     records, interrupted, lag, duration = driven.records, driven.interrupted, driven.lag, driven.duration
+    if driven.lost:
+        lost_workers = "; ".join(driven.lost.values())
+        stop_reason = f"{len(driven.lost)} of {len(manifest.workers)} workers lost ({lost_workers})"
+        manifest = manifest.model_copy(update={"workers": [
+            place.model_copy(update={"lost": driven.lost.get(place.index)}) for place in manifest.workers
+        ]})
+    else:
+        stop_reason = None
     summary = summarize(
         records, loop_lag_s=lag, worker_loop_lag_s=driven.worker_lag, duration_s=duration, interrupted=interrupted,
         lost=writer.lost,
-        stop_reason=None if full is None else f"the run stopped early: cannot write ({full.strerror or full})",
+        stop_reason=f"the run stopped early: cannot write ({full.strerror or full})" if full is not None else stop_reason,
         observe=observe.get("mode"), raw_source=observe.get("raw_source"),
     )
     stopped = None
@@ -650,6 +728,10 @@ def _save(
     if report:
         with saving("report.html"):
             _report(run_dir, console)
+    if driven.lost:
+        # Not a verdict on the target: the run's own machinery failed (exit 255), with what was kept.
+        raise InternalError(f"run incomplete: {stop_reason}; their sessions in flight are recorded as errors, "
+                            f"the ones they had not started were not played; {saved}")
     return RunResult(path=run_dir, summary=summary, exit_code=exit_code)
 
 

@@ -62,6 +62,7 @@ from pathlib import Path
 from typing import Any, AsyncIterator
 
 import anyio
+import httpx
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -548,6 +549,12 @@ def start_faulty_server(log_path: Path | None = None) -> tuple[ManagedProcess, s
         proc.stop()
         raise
     return proc, root
+
+
+def sessions_seen(root: str, mode: str) -> set[int]:
+    """The session ids whose requests `mode` has received so far (read from their tasks' tickets)."""
+    text = httpx.get(f"{root}/{mode}/received", timeout=10).text
+    return {int(ticket) for ticket in re.findall(r"REPRO-\d+-(\d+)", text)}
 
 
 async def _serve(port: int) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -314,6 +315,22 @@ def test_a_third_ctrl_c_quits_and_names_what_was_not_saved(faulty: str, tmp_path
     assert proc.returncode == 130
     assert rest.startswith("repro: quit: not saved: "), rest
     load_run(out)  # what was saved is whole
+
+
+def test_a_ctrl_c_during_start_up_says_so_and_leaves_nothing(tmp_path: Path) -> None:
+    # A server that accepts and never answers holds the run in its start-up (the first request to the target).
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        listener.settimeout(60)
+        out = tmp_path / "run"
+        proc = popen("run", "--base-url", f"http://127.0.0.1:{listener.getsockname()[1]}/v1", "--sessions", "3",
+                     "--out", str(out))
+        connection, _ = listener.accept()
+        with connection:
+            proc.send_signal(signal.SIGINT)
+            stdout, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert err == "repro: interrupted\n" and "Traceback" not in stdout, err
+    assert not out.exists()
 
 
 # 13. Bad input is one line and exit 2, never a traceback.

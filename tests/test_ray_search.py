@@ -169,7 +169,7 @@ def test_sigint_cancels_the_probes_and_leaves_no_server(cluster: tuple[Cluster, 
             proc.kill()
     wait_for(lambda: not marked_pids(mark), 30, "every server the probes launched to end")
     log = (tmp_path / "log").read_text()
-    assert "cancelling 1 Ray task(s)" in log and "Traceback" not in log
+    assert "cancelling 1 Ray task(s)" in log and "repro: interrupted" in log and "Traceback" not in log
     assert not (out / "probes.jsonl").exists()
 
 

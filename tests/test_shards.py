@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import signal
 import subprocess
 import sys
@@ -15,8 +16,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from rich.console import Console
 
-from faulty_servers import start_faulty_server
-from repro.errors import EXIT_INTERRUPTED
+from faulty_servers import sessions_seen, start_faulty_server
+from proc_helpers import wait_for
+from repro.errors import EXIT_INTERNAL, EXIT_INTERRUPTED
 from repro.runner import RunOptions, RunResult, execute_run
 from repro.shards import shard_sizes
 from repro.sim.launch import SimHandle
@@ -110,3 +112,34 @@ def test_sigint_stops_the_workers_and_keeps_every_session(faulty: str, tmp_path:
     # Both workers' sessions in flight came back: ids of both parities were cut short.
     assert {s.session_id % 2 for s in loaded.sessions if s.outcome == "interrupted"} == {0, 1}
     assert len({s.session_id for s in loaded.sessions}) == len(outcomes)
+
+
+def test_a_lost_worker_costs_only_its_sessions_in_flight(faulty: str, tmp_path: Path) -> None:
+    mode = "slow:0.3~lost"  # 1.5 s a turn: every session is in flight when the worker goes
+    out = tmp_path / "run"
+    before = _shard_pids()
+    args = ["run", "--base-url", f"{faulty}/{mode}/v1", "--sessions", "8", "--turns", "4", "--workers", "2",
+            "--out", str(out)]
+    proc = subprocess.Popen([sys.executable, "-c", "from repro.cli import main; main()", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: len(sessions_seen(faulty, mode)) == 8, 60, "every session to send its first turn")
+        (second,) = [pid for pid in _shard_pids() - before
+                     if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[-2] == b"1"]
+        os.kill(second, signal.SIGKILL)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == EXIT_INTERNAL, err
+    assert err.count("\n") == 1 and "run incomplete: 1 of 2 workers lost (worker 1 (hostname " in err, err
+    loaded = load_run(out)
+    by_id = {s.session_id: s for s in loaded.sessions}
+    # Worker 1's sessions (odd ids) were in flight: each is an error naming it; worker 0 finished its own.
+    assert sorted(by_id) == list(range(8))
+    assert all(by_id[i].outcome == "error" and "worker 1" in (by_id[i].error or "") for i in (1, 3, 5, 7))
+    assert all(by_id[i].outcome == "clean" for i in (0, 2, 4, 6))
+    assert loaded.summary is not None and loaded.summary.interrupted and loaded.summary.inconclusive
+    assert [p.index for p in loaded.manifest.workers if p.lost] == [1]
+    assert (out / "report.html").exists()
+    assert not _shard_pids() - before

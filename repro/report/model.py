@@ -192,6 +192,8 @@ class RunView:
     """How a `--until-decided` run stopped."""
     node: str | None = None
     """Where the load ran: the host, and the Ray node under the Ray executor (runs from before: None)."""
+    workers: list[str] = field(default_factory=list)
+    """With `--workers`: where each worker ran, and why it was lost if it was."""
 
 
 @dataclass(frozen=True)
@@ -420,6 +422,10 @@ def run_view(run: Run, *, confidence: float = 0.95) -> RunView:
         effect=effect,
         stopping=run.summary.stopping if run.summary is not None else None,
         node=_node_text(run.manifest.node),
+        workers=[
+            f"worker {place.index} on {_node_text(place.node)}" + (" (lost)" if place.lost else "")
+            for place in run.manifest.workers
+        ],
     )
 
 
