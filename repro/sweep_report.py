@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from repro.node import describe
 from repro.report.html import TEMPLATES
 from repro.report.markdown import md_escape
 
@@ -26,15 +27,6 @@ def _interval(triple: tuple[float | None, float, float]) -> str:
 
 def _p(value: float | None) -> str:
     return "—" if value is None else f"{value:.2g}"
-
-
-def ran_on(result: "SweepResult") -> str:
-    """`HOST` or `HOST (Ray node ID)`: where the deployment and the load ran; empty when not recorded."""
-    node = result.node
-    if not node:
-        return ""
-    ray_id = node.get("ray_node_id")
-    return f"{node.get('hostname', '?')} (Ray node {ray_id})" if ray_id else node.get("hostname", "?")
 
 
 def curve_plot(result: "SweepResult") -> str:
@@ -71,7 +63,7 @@ def render_markdown(result: "SweepResult") -> str:
         f"# Concurrency sweep {md_escape(result.name)}",
         "",
         f"Target: {md_escape(result.target)}; {result.sessions_per_level} sessions per level; "
-        f"{result.confidence:.0%} intervals." + (f" Ran on {md_escape(ran_on(result))}." if result.node else ""),
+        f"{result.confidence:.0%} intervals." + (f" Ran on {md_escape(describe(result.node) or '')}." if result.node else ""),
         "",
         f"**{md_escape(result.conclusion)}**",
         "",
@@ -97,5 +89,5 @@ def render_markdown(result: "SweepResult") -> str:
 
 def render_html(result: "SweepResult") -> str:
     return TEMPLATES.get_template("sweep.html.j2").render(
-        result=result, plot=curve_plot(result), interval=_interval, p=_p, where=ran_on(result),
+        result=result, plot=curve_plot(result), interval=_interval, p=_p, where=describe(result.node),
     )

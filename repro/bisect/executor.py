@@ -23,6 +23,7 @@ from repro.bisect.journal import Journal
 from repro.bisect.posterior import ProbePlan
 from repro.bisect.probe import ProbeJob, ProbeResult, describe, run_job
 from repro.errors import ReproError, UsageError
+from repro.node import describe as describe_node
 from repro.node import where
 from repro.rayutil import (
     DEFAULT_RESOURCES,
@@ -54,7 +55,8 @@ class NumberedProbe:
         return f"{self.number:03d}-{self.label}"
 
 
-Ended = tuple[NumberedProbe, ProbeResult, "dict[str, str] | None"]
+ProbeEnd = tuple[NumberedProbe, ProbeResult, "dict[str, str] | None"]
+"""A probe that ended: what it was, its result, and where it ran (None: lost before it ran anywhere)."""
 
 
 class ProbeExecutor(Protocol):
@@ -63,7 +65,7 @@ class ProbeExecutor(Protocol):
         ...
 
     def run(self, probes: list[NumberedProbe], journal: Journal, load: dict[str, Any],
-            console: Console) -> Iterator[Ended]:
+            console: Console) -> Iterator[ProbeEnd]:
         """Run `probes` with the `repro run` options `load`; yield each with its result and its node as it ends."""
         ...
 
@@ -76,7 +78,7 @@ class LocalProbes:
         yield
 
     def run(self, probes: list[NumberedProbe], journal: Journal, load: dict[str, Any],
-            console: Console) -> Iterator[Ended]:
+            console: Console) -> Iterator[ProbeEnd]:
         for probe in probes:
             probe_dir = journal.probe_dir(probe.number, probe.label)
             yield probe, run_job(probe.job, probe.plan, load, probe_dir, seed=probe.seed, console=console), where()
@@ -108,14 +110,6 @@ def _absolute(load: dict[str, Any]) -> dict[str, Any]:
     return load
 
 
-def node_name(node: dict[str, str] | None) -> str:
-    """`HOST (Ray node ID…)` for a line on the terminal."""
-    if not node:
-        return "no node"
-    ray_id = node.get("ray_node_id")
-    return f"{node['hostname']} (Ray node {ray_id[:12]})" if ray_id else node["hostname"]
-
-
 class RayProbes:
     """Probes as Ray tasks asking for `resources`, all of one step at once; connected while the search runs."""
 
@@ -134,7 +128,7 @@ class RayProbes:
                 self._ray = None
 
     def run(self, probes: list[NumberedProbe], journal: Journal, load: dict[str, Any],
-            console: Console) -> Iterator[Ended]:
+            console: Console) -> Iterator[ProbeEnd]:
         ray = self._ray
         load = _absolute(load)
         by_ref = {submit(ray, _probe_task, self.resources, f"repro-probe-{probe.name}",
@@ -150,7 +144,7 @@ class RayProbes:
                     if isinstance(result, ReproError):
                         raise result
                     unpack(archive, journal.probe_dir(probe.number, probe.label))
-                console.print(Text(f"  probe {probe.number} on {node_name(node)}: {describe(result)}"))
+                console.print(Text(f"  probe {probe.number} on {describe_node(node) or 'no node'}: {describe(result)}"))
                 yield probe, result, node
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import jinja2
 
+from repro.node import describe
 from repro.report.markdown import md_escape
 from repro.report.model import fmt_pct, fmt_range
 from repro.report.plots import Plot, encode_figure  # sets matplotlib's Agg backend first
@@ -20,14 +21,6 @@ from repro.stats.intervals import clopper_pearson
 
 REPORT_HTML = "report.html"
 REPORT_MD = "report.md"
-
-
-def _node(node: dict[str, str] | None) -> str:
-    """`HOST` or `HOST / Ray node ID`; a dash for a probe that never ran (lost)."""
-    if not node:
-        return "—"
-    ray_id = node.get("ray_node_id")
-    return f"{node.get('hostname', '?')} / {ray_id}" if ray_id else node.get("hostname", "?")
 
 
 def _rows(state: dict[str, Any]) -> list[dict[str, str]]:
@@ -50,7 +43,7 @@ def _rows(state: dict[str, Any]) -> list[dict[str, str]]:
                 "rounds": str(probe["rounds"]),
                 "why": probe.get("why") or "",
                 "note": probe.get("message") or "",
-                "node": _node(probe.get("node")),
+                "node": describe(probe.get("node")) or "—",  # a dash: a lost probe ran nowhere
             }
         )
     return rows
