@@ -40,14 +40,14 @@ def _model(target: Any) -> Callable[[], dict[str, Any]]:
 
 
 def _matrix_spec() -> dict[str, Any]:
-    from repro.matrix.spec import LOAD_SET_BY_MATRIX, MatrixSpec
+    from repro.matrix.spec import LOAD_NOT_IN_MATRIX, LOAD_SET_BY_MATRIX, MatrixSpec
     from repro.runner import RunOptions
 
     schema = TypeAdapter(MatrixSpec).json_schema(mode="validation")
     # `load` is a plain mapping in the model (RunOptions validates it per cell); the schema spells it out
     # so an editor completes and checks its keys as they are typed.
     options = TypeAdapter(RunOptions).json_schema(mode="validation")
-    for key in LOAD_SET_BY_MATRIX:
+    for key in (*LOAD_SET_BY_MATRIX, *LOAD_NOT_IN_MATRIX):
         options["properties"].pop(key, None)
     load = schema["properties"]["load"]
     load.update({"properties": options["properties"], "additionalProperties": False})

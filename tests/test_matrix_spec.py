@@ -89,6 +89,13 @@ def test_load_must_not_set_what_the_matrix_sets(tmp_path: Path) -> None:
     assert "load" in message and "base_url" in message
 
 
+@pytest.mark.parametrize("line", ["executor: ray", "ray_address: auto", "worker_resources: '{\"CPU\": 1}'"])
+def test_load_must_not_place_its_workers_on_a_cluster(tmp_path: Path, line: str) -> None:
+    message = error_of(tmp_path, BASE.replace("  sessions: 4", f"  sessions: 4\n  workers: 2\n  {line}"))
+    assert f"load: {line.split(':')[0]}: a cell's load runs beside its deployment" in message
+    assert "repro matrix --executor ray" in message
+
+
 def test_unknown_variable_is_named_with_its_line(tmp_path: Path) -> None:
     message = error_of(tmp_path, BASE.replace("--port ${port}", "--port ${prot}"))
     assert ":16: deployment.command: unknown variable 'prot'" in message

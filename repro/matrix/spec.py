@@ -30,6 +30,9 @@ AUTO = "auto"
 
 LOAD_SET_BY_MATRIX = ("base_url", "out")
 """`repro run` options the matrix sets per cell; a spec must not set them."""
+LOAD_NOT_IN_MATRIX = ("executor", "ray_address", "worker_resources")
+"""`repro run` options that place a run's workers on a Ray cluster: a cell's load runs beside its deployment
+(local `workers` are fine), and `repro matrix --executor ray` is what places cells on a cluster."""
 
 
 class Template(string.Template):
@@ -278,6 +281,10 @@ class MatrixSpec(_Model):
         for key in LOAD_SET_BY_MATRIX:
             if key in value:
                 raise ValueError(f"{key} is set by the matrix per cell; remove it from load")
+        for key in LOAD_NOT_IN_MATRIX:
+            if key in value:
+                raise ValueError(f"{key}: a cell's load runs beside its deployment; "
+                                 "place cells on a cluster with `repro matrix --executor ray`")
         return value
 
     def problems(self) -> list[tuple[tuple, str]]:
