@@ -207,12 +207,18 @@ def sweep_command(
     workload: Path | None = typer.Option(None, "--workload", help="Workload YAML (default: experiments/agentic_coding.yaml)."),
     seed: int | None = typer.Option(None, "--seed", help="Seed of the session tasks (default: 0)."),
     api_key_env: str | None = typer.Option(None, "--api-key-env", help="Environment variable holding the API key."),
+    executor: str = typer.Option("local", "--executor", help="local: here; ray: the whole sweep as one Ray task on one node."),
+    ray_address: str | None = typer.Option(None, "--ray-address", help="Ray cluster to use (default: RAY_ADDRESS, else a local Ray)."),
+    resources: str | None = typer.Option(
+        None, "--resources", help="With --executor ray: what the sweep asks of the cluster, JSON, e.g. "
+        "'{\"GPU\": 8}' (default: --spec's resources for --cell, else one CPU)."
+    ),
 ) -> None:
     """Run the same workload at several concurrencies on one deployment; report the corruption onset."""
     import shlex
 
     from repro.matrix.spec import parse_assignments
-    from repro.sweep import SpecDeployment, parse_levels, run_sweep
+    from repro.sweep import SpecDeployment, parse_levels, ray_sweep, run_sweep
 
     if (cell or var) and spec is None:
         raise UsageError("--cell and --var choose a matrix spec's deployment: give --spec too")
@@ -222,10 +228,12 @@ def sweep_command(
     except UsageError as err:
         raise UsageError(str(err).replace("--var", "--cell", 1)) from None
     target = SpecDeployment(spec, cells, parse_assignments(var)) if spec is not None else None
+    levels = parse_levels(concurrency)
+    placement = ray_sweep(executor, ray_address=ray_address, resources=resources, base_url=base_url, spec=target)
     run_sweep(
-        parse_levels(concurrency), sessions=sessions, out=out, base_url=base_url,
+        levels, sessions=sessions, out=out, base_url=base_url,
         sim_args=shlex.split(sim_args or ""), spec=target, confidence=confidence,
-        run_options={key: value for key, value in options.items() if value is not None},
+        run_options={key: value for key, value in options.items() if value is not None}, placement=placement,
     )
 @app.command("export")
 def export_command(

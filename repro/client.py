@@ -150,6 +150,13 @@ class _SSEReader:
         self.request_id: str | None = None
 
     def feed(self, data: bytes) -> None:
+        if (not self.buffer and data.startswith(b"data: ") and data.find(b"\n") == len(data) - 2
+                and data[-1] == 10 and data[-3] != 13):
+            # The usual piece, one whole event `data: {...}` + a blank line (no CR): what the general path
+            # below does with it, without splitting lines (a streamed chunk's largest cost after its JSON).
+            self.data.append(data[6:-2])
+            self._dispatch()
+            return
         # Only the new bytes are searched for a newline: re-splitting the buffer made a long line quadratic.
         start = 0
         end = data.find(b"\n")
@@ -402,6 +409,82 @@ class _Turn:
 _JSON = json.JSONEncoder(separators=(",", ":"), allow_nan=False)  # NaN is not JSON: never send it
 
 
+_SHARED_TEXT_BYTES = 512
+"""Strings at least this long are remembered across sessions by `_text`: a system prompt, a tool's output."""
+_SHARED_TEXTS_MAX = 4096
+_SHARED_TEXTS_MAX_CHARS = 32 * 1024 * 1024
+"""What the remembered strings and their JSON may hold in all, so long answers cannot pile up in memory."""
+_shared_texts: dict[int, tuple[str, str]] = {}
+_shared_chars = 0
+
+
+def _text(value: str) -> str:
+    """A string's JSON; a long one is encoded once while the very same object keeps coming back.
+
+    Every session sends the same system prompt, and the sandbox hands every session the same result
+    object for the same call: encoded once for the run instead of once per session and turn.
+    """
+    global _shared_chars
+    if len(value) < _SHARED_TEXT_BYTES:
+        return _JSON.encode(value)
+    known = _shared_texts.get(id(value))
+    if known is not None and known[0] is value:
+        return known[1]
+    text = _JSON.encode(value)
+    if len(_shared_texts) >= _SHARED_TEXTS_MAX or _shared_chars + len(value) + len(text) > _SHARED_TEXTS_MAX_CHARS:
+        _shared_texts.clear()
+        _shared_chars = 0
+    if len(value) + len(text) <= _SHARED_TEXTS_MAX_CHARS:
+        _shared_texts[id(value)] = (value, text)  # the object is kept with it: its id cannot be reused meanwhile
+        _shared_chars += len(value) + len(text)
+    return text
+
+
+def _object(value: dict[str, Any]) -> str:
+    """`_JSON.encode(value)` for a JSON object, its long string members through `_text`."""
+    if not all(isinstance(key, str) for key in value):
+        return _JSON.encode(value)  # JSON turns such keys into strings: leave that to json
+    return "{" + ",".join(
+        _JSON.encode(key) + ":" + (_text(item) if isinstance(item, str) else _JSON.encode(item))
+        for key, item in value.items()
+    ) + "}"
+
+
+class BodyEncoder:
+    """Request bodies as JSON bytes, each message and each list or object value encoded once per conversation.
+
+    A session sends its whole history every turn, and encoding it again was the largest per-turn cost
+    at thousands of sessions. Messages and the tools never change once sent (a session only appends),
+    so their text is kept by identity; the object is kept with it, so its id cannot be reused while
+    remembered. The bytes are exactly those of encoding the whole body at once.
+    """
+
+    def __init__(self) -> None:
+        self.memo: dict[int, tuple[object, str]] = {}
+
+    def _value(self, value: object) -> str:
+        known = self.memo.get(id(value))
+        if known is not None and known[0] is value:
+            return known[1]
+        text = _object(value) if isinstance(value, dict) else _JSON.encode(value)
+        self.memo[id(value)] = (value, text)
+        return text
+
+    def encode(self, body: dict[str, Any]) -> bytes:
+        if not all(isinstance(key, str) for key in body):
+            return _JSON.encode(body).encode()
+        parts = []
+        for key, value in body.items():
+            if key == "messages" and isinstance(value, list):
+                text = "[" + ",".join(self._value(message) for message in value) + "]"
+            elif isinstance(value, (list, dict)):
+                text = self._value(value)
+            else:
+                text = _JSON.encode(value)
+            parts.append(_JSON.encode(key) + ":" + text)
+        return ("{" + ",".join(parts) + "}").encode()
+
+
 async def send_turn(
     client: HTTPClient,
     endpoint: Endpoint,
@@ -413,13 +496,15 @@ async def send_turn(
     headers: dict[str, str] | None = None,
     max_bytes: int = MAX_TURN_BYTES,
     rawtext: RawCollector | None = None,
+    encoder: BodyEncoder | None = None,
 ) -> TurnResult:
     """POST one chat completion and classify how it ended; see the module docstring.
 
     At most `max_bytes` of the response are read and kept; a longer one is an error with `truncated_at` set.
     `rawtext` is fed every stream event (or the body) to rebuild the generated text; when it is a
     raw-text endpoint's collector (`chat` False), the answer is its text, `message` stays None and
-    the finish reason, usage and request id come from the collector.
+    the finish reason, usage and request id come from the collector. A conversation's turns share an
+    `encoder`, so what they have in common is encoded once.
     """
     body = {**payload, "stream": stream}
     if stream and (rawtext is None or rawtext.source != "generate"):  # /generate takes no stream_options
@@ -432,7 +517,7 @@ async def send_turn(
         try:
             await client.post(
                 endpoint,
-                _JSON.encode(body).encode(),
+                (encoder or BodyEncoder()).encode(body),
                 turn,
                 connect_timeout=stall_timeout,
                 headers=headers,

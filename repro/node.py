@@ -19,3 +19,11 @@ def where() -> dict[str, str]:
         if context.worker.mode == ray.WORKER_MODE:
             node["ray_node_id"] = context.get_node_id()
     return node
+
+
+def describe(node: dict[str, str] | None) -> str | None:
+    """`HOST`, or `HOST (Ray node ID)`, for a report or a terminal line; None when where it ran is unknown."""
+    if not node:
+        return None
+    ray_node = node.get("ray_node_id")
+    return node.get("hostname", "unknown host") + (f" (Ray node {ray_node})" if ray_node else "")

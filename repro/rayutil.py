@@ -1,7 +1,11 @@
-"""Ray for repro's executors: is it installed, is the cluster there, connect, ask for resources, node facts.
+"""Ray for repro's executors: is it installed, is the cluster there, connect, ask for resources, node
+facts; and for those whose unit of work is one task (a matrix run, a bisect probe, a sweep): running a
+task in a scratch directory whose files go back to the driver as one archive, waiting for tasks as
+they end (failing those no live node can take), and cancelling them.
 
-Shared by `repro matrix --executor ray` (repro.matrix.ray_executor) and `repro run --executor ray`
-(repro.rayshards). Ray is imported only inside `connect`: a usage error never waits for it, and
+Shared by `repro matrix --executor ray` (repro.matrix.ray_executor), `repro run --executor ray`
+(repro.rayshards), `repro bisect --executor ray` (repro.bisect.executor) and `repro sweep --executor
+ray` (repro.sweep). Ray is imported only inside `connect`: a usage error never waits for it, and
 repro works without the `cluster` extra.
 """
 
@@ -9,18 +13,36 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import io
+import json
 import os
+import shutil
 import socket
 import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
 from typing import Any, Iterator
+
+from rich.console import Console
+from rich.text import Text
 
 from repro.errors import UsageError
 
+CANCEL_GRACE_S = 60.0
+"""After Ctrl-C, how long the tasks get to stop their deployments before they are killed."""
+SCRATCH = "\x00scratch\x00"
+"""Stands for a task's scratch directory in what it printed; the driver puts its own directory there."""
 CONNECT_CHECK_S = 10.0
+UNPLACEABLE_AFTER_S = 10.0
+"""A task no live node can take fails after this long (an autoscaler may add such a node meanwhile)."""
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 LOCAL_ONLY_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 RAY_NAMES = {"CPU": "num_cpus", "GPU": "num_gpus", "memory": "memory"}
 """Resources Ray takes as task options of their own; any other name is a custom resource."""
+DEFAULT_RESOURCES = {"CPU": 1.0}
+"""What a task asks for when nothing says otherwise (as a matrix spec's `resources.run`)."""
 
 
 def task_options(resources: dict[str, float]) -> dict[str, Any]:
@@ -35,6 +57,20 @@ def task_options(resources: dict[str, float]) -> dict[str, Any]:
     if custom:
         options["resources"] = custom
     return options
+
+
+def parse_resources(text: str, *, option: str = "--resources") -> dict[str, float]:
+    """`{"GPU": 8, "h100": 1}` from the command line: a JSON object of resource names and amounts >= 0."""
+    try:
+        value = json.loads(text)
+    except ValueError as err:
+        raise UsageError(f"{option} {text!r}: not JSON ({err.msg}); expected e.g. '{{\"GPU\": 8}}'") from None
+    if not isinstance(value, dict) or not value:
+        raise UsageError(f"{option} {text!r}: expected a JSON object of resource names and amounts, e.g. '{{\"GPU\": 8}}'")
+    for name, amount in value.items():
+        if isinstance(amount, bool) or not isinstance(amount, (int, float)) or amount < 0:
+            raise UsageError(f"{option}: {name!r} must be a number >= 0, got {json.dumps(amount)}")
+    return {name: float(amount) for name, amount in value.items()}
 
 
 def require_ray(address: str | None) -> None:
@@ -96,3 +132,111 @@ def fits(asked: dict[str, float], node: dict[str, float]) -> bool:
 def alive_nodes(ray: Any) -> list[dict[str, Any]]:
     """`ray.nodes()` entries of the nodes alive now (NodeID, NodeManagerAddress, Resources, ...)."""
     return [node for node in ray.nodes() if node.get("Alive")]
+
+
+def submit(ray: Any, function: Any, resources: dict[str, float], name: str, *args: Any) -> Any:
+    """Start `function(*args)` as a Ray task asking for `resources`; never retried (a lost task is a
+    failed one, which the command records and `--resume` reruns). Its ObjectRef."""
+    remote = ray.remote(max_retries=0)(function)
+    return remote.options(**task_options(resources), name=name).remote(*args)
+
+
+@contextlib.contextmanager
+def scratch(prefix: str) -> Iterator[Path]:
+    """In a task: a fresh directory on the node, removed with everything in it after the block."""
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def captured() -> tuple[Console, io.StringIO]:
+    """In a task: a console whose output goes back to the driver, wide enough that a path never wraps
+    (the scratch directory's path in it is replaced by the driver's directory)."""
+    screen = io.StringIO()
+    return Console(file=screen, width=400, highlight=False), screen
+
+
+def printed(screen: io.StringIO, directory: Path) -> str:
+    """What a task printed, with its scratch `directory` marked for the driver to replace."""
+    return screen.getvalue().replace(str(directory), SCRATCH)
+
+
+def replay(console: Console, text: str, directory: Path) -> None:
+    """Print on the driver what a task printed, naming `directory` where the task named its scratch."""
+    for line in text.replace(SCRATCH, str(directory)).splitlines():
+        console.print(Text(line), soft_wrap=True)  # laid out on the node already
+
+
+def pack(directory: Path, tops: tuple[str, ...] | None = None) -> bytes:
+    """A tar.gz of `directory` (only its entries `tops` when given)."""
+    archive = io.BytesIO()
+    names = tops if tops is not None else tuple(sorted(p.name for p in directory.iterdir()))
+    with tarfile.open(fileobj=archive, mode="w:gz") as tar:
+        for top in names:
+            if (directory / top).exists():
+                tar.add(directory / top, arcname=top)
+    return archive.getvalue()
+
+
+def unpack(archive: bytes, path: Path) -> None:
+    """Extract what `pack` made into `path` (refusing absolute paths, links out of it, devices)."""
+    with tarfile.open(fileobj=io.BytesIO(archive), mode="r:gz") as tar:
+        tar.extractall(path, filter="data")
+
+
+def _unplaceable(ray: Any, asked: dict[Any, dict[str, float]], ready: list[Any], since: dict[Any, float]) -> list[Any]:
+    """Tasks that no live node could run for UNPLACEABLE_AFTER_S: Ray would keep them pending for ever
+    (the node that had the resource died, or none ever had it)."""
+    totals = [node["Resources"] for node in alive_nodes(ray)]
+    now = time.monotonic()
+    out = []
+    for ref, resources in asked.items():
+        if ref in ready or any(fits(resources, node) for node in totals):
+            since.pop(ref, None)
+        elif now - since.setdefault(ref, now) >= UNPLACEABLE_AFTER_S:
+            out.append(ref)
+    return out
+
+
+def as_completed(ray: Any, asked: dict[Any, dict[str, float]], console: Console) -> Iterator[tuple[Any, Any, str | None]]:
+    """`(ref, value, None)` for each task of `asked` (its ref: its resources) as it ends, or
+    `(ref, None, why)` when it ended without a value (its node or worker died) or no live node can
+    take it. Leaving early (Ctrl-C, an error, `close()`) cancels the tasks still out."""
+    out = dict(asked)
+    waiting: dict[Any, float] = {}
+    try:
+        while out:
+            ready, _ = ray.wait(list(out), num_returns=1, timeout=1.0)
+            for ref in _unplaceable(ray, out, ready, waiting):
+                out.pop(ref)
+                ray.cancel(ref, force=False)
+                yield ref, None, f"no live node of the cluster has the resources asked for, for {UNPLACEABLE_AFTER_S:g}s"
+            for ref in ready:
+                out.pop(ref)
+                try:
+                    value = ray.get(ref)
+                except ray.exceptions.RayError as err:
+                    detail = str(err).strip().splitlines()
+                    yield ref, None, (f"the Ray task ended without a result "
+                                      f"({type(err).__name__}: {detail[0] if detail else ''})")
+                    continue
+                yield ref, value, None
+    finally:
+        cancel(ray, list(out), console)
+
+
+def cancel(ray: Any, refs: list[Any], console: Console) -> None:
+    """Stop the tasks still out: Ctrl-C in each (its deployment stops), then force after CANCEL_GRACE_S."""
+    if not refs:
+        return
+    console.print(Text(f"cancelling {len(refs)} Ray task(s)"))
+    for ref in refs:
+        ray.cancel(ref, force=False)
+    deadline = time.monotonic() + CANCEL_GRACE_S
+    left = refs
+    while left and time.monotonic() < deadline:
+        _, left = ray.wait(left, num_returns=len(left), timeout=0.5)
+    for ref in left:
+        ray.cancel(ref, force=True)

@@ -721,6 +721,7 @@ def _save(
     """
     from repro.summary import summarize
 
+    writer.sync()  # the lines of the load's last loop pass: a failed fsync counts in `lost` before it is read
     full = writer.full
     observe = manifest.observe or {}
     records, interrupted, lag, duration = driven.records, driven.interrupted, driven.lag, driven.duration

@@ -23,7 +23,7 @@ from typing import Any, Callable
 import anyio
 
 from repro import sandbox
-from repro.client import MAX_TURN_BYTES, TurnResult, send_turn
+from repro.client import MAX_TURN_BYTES, BodyEncoder, TurnResult, send_turn
 from repro.observe import Judgement, ObservePlan, RenderError, finding_records, judge, parse_text, turn_request
 from repro.rawtext import RawText
 from repro.records import SessionRecord, TurnRecord, corrupt_seen
@@ -170,6 +170,7 @@ class Session:
         self.failure: str | None = None
         """The non-corrupt way the session ended early: `error` or `timeout`."""
         self.rules: list[str] = []
+        self.encoder = BodyEncoder()
 
     def _now(self) -> float:
         return time.perf_counter() - self.origin
@@ -240,6 +241,7 @@ class Session:
             headers=config.headers or None,
             max_bytes=config.max_turn_bytes,
             rawtext=collector,
+            encoder=self.encoder,
         )
         record = self._turn_record(index, start_s, result)
         rawtext: RawText | None = None

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import pickle
 import shutil
 import struct
@@ -437,7 +438,9 @@ def main() -> None:
     from repro.errors import handle_interrupts
 
     handle_interrupts()
-    anyio.run(_work, sys.argv[1], int(sys.argv[2]))
+    # uvloop (`pip install 'repro[fast]'`) when installed: a worker's event loop does little but I/O callbacks.
+    uvloop = importlib.util.find_spec("uvloop") is not None
+    anyio.run(_work, sys.argv[1], int(sys.argv[2]), backend_options={"use_uvloop": uvloop})
 
 
 if __name__ == "__main__":

@@ -7,6 +7,11 @@ not need concurrency (a model habit, or a fault of the single request). The onse
 level whose rate Boschloo's one-sided exact test shows above the control's, Holm-adjusted over the
 levels; beside it a Firth logistic fit of corruption on log2(concurrency) draws the onset curve.
 Results go to sweep.json, sweep.md and sweep.html (escaped like every report).
+
+With `--executor ray` the whole sweep (the deployment and every level in turn) is one Ray task
+placed by the resources it asks for: the levels share one server instance on one node, so the
+hardware cannot be confounded with the concurrency. The task's directory comes back to the driver as
+one archive; its node is recorded in sweep.json and shown in the reports.
 """
 
 from __future__ import annotations
@@ -23,11 +28,13 @@ from typing import Any, Iterator, Sequence
 from rich.console import Console
 
 from repro.display import say
-from repro.errors import EXIT_INTERRUPTED, ReproError, UsageError
+from repro.errors import EXIT_INTERRUPTED, ReproError, TargetError, UsageError
+from repro.node import where
 from repro.records import OutcomeCounts
 from repro.store import dump_json, make_run_dir, new_run_dir
 
 MAX_LEVELS = 32
+EXECUTORS = ("local", "ray")
 
 
 def _span(part: str) -> list[int]:
@@ -102,6 +109,8 @@ class SweepResult:
     curve: OnsetCurve
     conclusion: str
     started_at: str
+    node: dict[str, str] = field(default_factory=dict)
+    """Where the deployment and the load ran (repro.node): the host name, and `ray_node_id` on Ray."""
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -241,6 +250,113 @@ def _deployment(
         yield sim.base_url, f"embedded simulator ({shlex.join(args)})"
 
 
+@dataclass(frozen=True)
+class RaySweep:
+    """`--executor ray`: where the cluster is and what the sweep's task asks of it."""
+
+    address: str | None
+    resources: dict[str, float]
+
+
+def ray_sweep(
+    executor: str, *, ray_address: str | None, resources: str | None, base_url: str | None,
+    spec: SpecDeployment | None,
+) -> RaySweep | None:
+    """The executor the command line asks for (None: this process), checked before the sweep directory is made.
+
+    `resources` (JSON) wins over the spec's resources for its cell, which win over one CPU.
+    """
+    from repro.rayutil import DEFAULT_RESOURCES, parse_resources, require_ray
+
+    if executor not in EXECUTORS:
+        raise UsageError(f"--executor {executor!r}: expected one of {', '.join(EXECUTORS)}")
+    if executor == "local":
+        if ray_address is not None or resources is not None:
+            raise UsageError(f"{'--ray-address' if ray_address is not None else '--resources'} needs --executor ray")
+        return None
+    if base_url is not None:
+        raise UsageError("--executor ray places the sweep's deployment on a node: --base-url names a running "
+                         "server instead (use --spec or the embedded simulator)")
+    if resources is not None:
+        asked = parse_resources(resources)
+    elif spec is not None:
+        matrix, run, _ = _spec_cell(spec)
+        asked = matrix.resources.for_cell(run.cell.as_dict())
+    else:
+        asked = dict(DEFAULT_RESOURCES)
+    require_ray(ray_address)
+    return RaySweep(ray_address, asked)
+
+
+def _measure(
+    levels: list[int], base: dict[str, Any], base_url: str | None, sim_args: list[str], spec: SpecDeployment | None,
+    out: Path, console: Console, confidence: float,
+) -> tuple[list[LevelResult], str]:
+    """Start the deployment, run every level against it in turn (control first), stop it: the levels and the target."""
+    from repro.runner import RunOptions, execute_run
+
+    results: list[LevelResult] = []
+    with _deployment(base_url, sim_args, spec, out, console) as (url, target):
+        for concurrency in levels:
+            run_dir = out / f"c{concurrency:03d}"
+            options = RunOptions.parse({**base, "base_url": url, "concurrency": concurrency, "out": run_dir,
+                                        "name": f"c{concurrency}"}, source="sweep options")
+            say(console, f"sweep: concurrency {concurrency}: {base['sessions']} sessions")
+            run = execute_run(options, console=Console(file=io.StringIO()), live=False, report=False)
+            if run.summary.interrupted:
+                raise ReproError(f"sweep interrupted at concurrency {concurrency}; the finished levels' runs are "
+                                 f"kept in {out}", exit_code=EXIT_INTERRUPTED)
+            results.append(level_result(concurrency, run_dir, confidence))
+            level = results[-1]
+            say(console, f"sweep: concurrency {concurrency}: {level.corrupt} of {level.corrupt + level.clean} "
+                         f"completed corrupt, {level.timeout} timed out")
+    return results, target
+
+
+def _sweep_task(
+    levels: list[int], base: dict[str, Any], sim_args: list[str], spec: SpecDeployment | None, confidence: float
+) -> tuple[list[LevelResult], str, str, dict[str, str], bytes] | ReproError:
+    """In the Ray worker: the whole sweep in a scratch directory; (levels, target, printed text, node,
+    tar.gz of the directory), or the ReproError it stopped with (the driver raises it)."""
+    from repro.rayutil import captured, pack, printed, scratch
+
+    with scratch("repro-sweep-") as path:
+        console, screen = captured()
+        try:
+            results, target = _measure(levels, base, None, sim_args, spec, path, console, confidence)
+        except ReproError as err:
+            return err
+        return results, target, printed(screen, path), where(), pack(path)
+
+
+def _on_ray(
+    placement: RaySweep, levels: list[int], base: dict[str, Any], sim_args: list[str], spec: SpecDeployment | None,
+    out: Path, console: Console, confidence: float,
+) -> tuple[list[LevelResult], str, dict[str, str]]:
+    """The sweep as one Ray task; its directory unpacked into `out`. A lost task is a TargetError (exit 3)."""
+    from repro.rayutil import as_completed, connected, replay, submit, unpack
+
+    if base.get("workload"):  # a Ray worker does not run in this directory
+        base = {**base, "workload": str(Path(base["workload"]).resolve())}
+    if spec is not None:
+        spec = SpecDeployment(spec.spec.resolve(), spec.cell, spec.variables)
+    with connected(placement.address) as ray:
+        ref = submit(ray, _sweep_task, placement.resources, f"repro-sweep-{out.name}", levels, base, sim_args, spec,
+                     confidence)
+        say(console, f"sweep: submitted to the Ray cluster as one task asking for {placement.resources} "
+                     "(its lines are shown when it ends)")
+        with contextlib.closing(as_completed(ray, {ref: placement.resources}, console)) as ended:
+            [(_, value, why)] = ended  # one task, one end
+    if why is not None:
+        raise TargetError(f"the sweep's {why}; resources {placement.resources}; no level was kept")
+    if isinstance(value, ReproError):
+        raise value
+    results, target, text, node, archive = value
+    unpack(archive, out)
+    replay(console, text, out)
+    return results, target, node
+
+
 def run_sweep(
     levels: list[int],
     *,
@@ -252,9 +368,11 @@ def run_sweep(
     confidence: float = 0.95,
     run_options: dict[str, Any] | None = None,
     console: Console | None = None,
+    placement: RaySweep | None = None,
 ) -> SweepResult:
-    """Run every level (control first) and write sweep.json, sweep.md and sweep.html into `out`."""
-    from repro.runner import RunOptions, execute_run
+    """Run every level (control first) and write sweep.json, sweep.md and sweep.html into `out`; on
+    Ray (`placement`, from `ray_sweep`) as one task on one node."""
+    from repro.runner import RunOptions
 
     console = console or Console()
     if not 0.5 < confidence < 1.0:
@@ -270,25 +388,15 @@ def run_sweep(
     else:
         make_run_dir(out)
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    results: list[LevelResult] = []
-    with _deployment(base_url, list(sim_args), spec, out, console) as (url, target):
-        for concurrency in levels:
-            run_dir = out / f"c{concurrency:03d}"
-            options = RunOptions.parse({**base, "base_url": url, "concurrency": concurrency, "out": run_dir,
-                                        "name": f"c{concurrency}"}, source="sweep options")
-            say(console, f"sweep: concurrency {concurrency}: {sessions} sessions")
-            run = execute_run(options, console=Console(file=io.StringIO()), live=False, report=False)
-            if run.summary.interrupted:
-                raise ReproError(f"sweep interrupted at concurrency {concurrency}; the finished levels' runs are "
-                                 f"kept in {out}", exit_code=EXIT_INTERRUPTED)
-            results.append(level_result(concurrency, run_dir, confidence))
-            level = results[-1]
-            say(console, f"sweep: concurrency {concurrency}: {level.corrupt} of {level.corrupt + level.clean} "
-                         f"completed corrupt, {level.timeout} timed out")
+    if placement is None:
+        results, target = _measure(levels, base, base_url, list(sim_args), spec, out, console, confidence)
+        node = where()
+    else:
+        results, target, node = _on_ray(placement, levels, base, list(sim_args), spec, out, console, confidence)
     judged, onset, curve, conclusion = analyse(results, confidence=confidence)
     result = SweepResult(
         name=out.name, target=target, confidence=confidence, sessions_per_level=sessions, levels=judged, onset=onset,
-        control_corrupt=judged[0].corrupt > 0, curve=curve, conclusion=conclusion, started_at=started,
+        control_corrupt=judged[0].corrupt > 0, curve=curve, conclusion=conclusion, started_at=started, node=node,
     )
     write_outputs(result, out)
     say(console, f"sweep: {conclusion}")

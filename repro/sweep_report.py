@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from repro.node import describe
 from repro.report.html import TEMPLATES
 from repro.report.markdown import md_escape
 
@@ -62,7 +63,7 @@ def render_markdown(result: "SweepResult") -> str:
         f"# Concurrency sweep {md_escape(result.name)}",
         "",
         f"Target: {md_escape(result.target)}; {result.sessions_per_level} sessions per level; "
-        f"{result.confidence:.0%} intervals.",
+        f"{result.confidence:.0%} intervals." + (f" Ran on {md_escape(describe(result.node) or '')}." if result.node else ""),
         "",
         f"**{md_escape(result.conclusion)}**",
         "",
@@ -88,5 +89,5 @@ def render_markdown(result: "SweepResult") -> str:
 
 def render_html(result: "SweepResult") -> str:
     return TEMPLATES.get_template("sweep.html.j2").render(
-        result=result, plot=curve_plot(result), interval=_interval, p=_p,
+        result=result, plot=curve_plot(result), interval=_interval, p=_p, where=describe(result.node),
     )

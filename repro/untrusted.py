@@ -70,14 +70,22 @@ def scrub_surrogates(text: str) -> str:
     return text
 
 
+_UNCHANGED = frozenset((int, float, bool, type(None)))
+"""Values `scrub_json` returns as they are, tested before the call: every record built goes through it."""
+
+
 def scrub_json(value: Any) -> Any:
     """`value` (JSON-shaped: dicts, lists, strings, numbers) with `scrub_surrogates` applied to every string and key."""
     if isinstance(value, str):
-        return scrub_surrogates(value)
+        return value if value.isascii() else scrub_surrogates(value)
     if isinstance(value, dict):
-        return {scrub_json(key): scrub_json(item) for key, item in value.items()}
+        return {
+            key if type(key) is str and key.isascii() else scrub_json(key):
+                item if type(item) in _UNCHANGED else scrub_json(item)
+            for key, item in value.items()
+        }
     if isinstance(value, (list, tuple)):
-        return [scrub_json(item) for item in value]
+        return [item if type(item) in _UNCHANGED else scrub_json(item) for item in value]
     return value
 
 

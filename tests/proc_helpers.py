@@ -3,6 +3,7 @@ servers assert nothing is left behind)."""
 
 import os
 import time
+from pathlib import Path
 from typing import Callable
 
 
@@ -33,3 +34,18 @@ def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
     """Return once `condition()` holds; fail the test naming `what` if it still does not after `timeout` seconds."""
     if not poll(condition, timeout):
         raise AssertionError(f"timed out waiting for {what}")
+
+
+def marked_pids(mark: str) -> set[int]:
+    """Processes whose environment carries `REPRO_TEST_MARK=mark`: the servers a test's command launched
+    (on any node of a one-machine Ray cluster)."""
+    needle = f"REPRO_TEST_MARK={mark}".encode()
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if needle in (entry / "environ").read_bytes().split(b"\0"):
+                    found.add(int(entry.name))
+            except OSError:
+                continue
+    return found

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from repro.bisect.commits import Ended, decide
+from repro.bisect.commits import Ended, decide, decide_many
 from repro.bisect.ddmin import ddmin
 from repro.bisect.journal import PROBES, Journal, ProbeRecord
 from repro.bisect.posterior import (
@@ -21,6 +21,7 @@ from repro.bisect.posterior import (
     next_commit,
     posterior,
     should_stop,
+    spread_commits,
 )
 from repro.bisect.probe import ProbeSettings
 from repro.errors import UsageError
@@ -166,6 +167,20 @@ def test_ddmin_with_inconclusive_tests_still_returns_a_failing_set(size: int, cu
     assert culprits <= set(result)
 
 
+@settings(max_examples=200)
+@given(st.integers(2, 24), st.sets(st.integers(0, 23), min_size=1, max_size=3), st.integers(2, 5))
+def test_ddmin_with_tests_at_once_returns_the_one_at_a_time_result(size: int, culprits: set[int], parallel: int) -> None:
+    culprits = {c % size for c in culprits}
+
+    def test(subset: tuple[int, ...]) -> str:
+        return "fail" if culprits <= set(subset) else "pass"
+
+    batches: list[list[tuple[int, ...]]] = []
+    result = ddmin(range(size), test, parallel=parallel, ahead=batches.append)
+    assert result == ddmin(range(size), test) and set(result) == culprits
+    assert all(2 <= len(batch) <= parallel for batch in batches)
+
+
 def test_journal_keeps_probes_ignores_a_torn_line_and_refuses_other_settings(tmp_path) -> None:
     setup = {"kind": "commits", "commits": ["a", "b"], "confidence": 0.95}
     journal = Journal(tmp_path / "b", setup, resume=False)
@@ -187,41 +202,51 @@ def test_journal_keeps_probes_ignores_a_torn_line_and_refuses_other_settings(tmp
     assert json.loads((tmp_path / "b" / "bisect.json").read_text()) == {"probes": 1}
 
 
-def _drawn_search(commits: int, culprit: int | None, rate: float, seed: int, broken: frozenset[int] = frozenset()):
-    """`bisect commits`' own decisions against probes drawn at `rate` (bad commits) and 0 (good ones)."""
+def _drawn_search(commits: int, culprit: int | None, rate: float, seed: int, broken: frozenset[int] = frozenset(),
+                  parallel: int = 1):
+    """`bisect commits`' own decisions against probes drawn at `rate` (bad commits) and 0 (good ones);
+    with `parallel` > 1 each step's probes are drawn together, as if run at once; (end, records, steps)."""
     rng = np.random.default_rng(seed)
     settings = ProbeSettings(load={}, round_sessions=16, max_rounds=1)
     records: list[ProbeRecord] = []
+    steps = 0
     while True:
-        step = decide(commits, records, Model(), settings, confidence=0.95, max_probes=60, max_sessions=5000)
-        if isinstance(step, Ended):
-            return step, records
-        if step.index in broken:
-            records.append(ProbeRecord(number=len(records) + 1, target="", index=step.index, verdict="inconclusive",
-                                       message="build failed"))
-            continue
-        truth = rate if culprit is not None and step.index >= culprit else 0.0
-        corrupt = clean = 0
-        while True:
-            k = int(rng.binomial(step.plan.round_sessions, truth))
-            corrupt, clean = corrupt + k, clean + step.plan.round_sessions - k
-            verdict = judge_probe(step.plan, corrupt, corrupt + clean, 0)
-            if verdict != "continue":
-                break
-        records.append(ProbeRecord(number=len(records) + 1, target="", index=step.index, verdict=verdict,
-                                   corrupt=corrupt, clean=clean))
+        if parallel == 1:
+            step = decide(commits, records, Model(), settings, confidence=0.95, max_probes=60, max_sessions=5000)
+            batch = step if isinstance(step, Ended) else [step]
+        else:
+            batch = decide_many(commits, records, Model(), settings, parallel=parallel, confidence=0.95,
+                                max_probes=60, max_sessions=5000)
+        if isinstance(batch, Ended):
+            return batch, records, steps
+        steps += 1
+        for nxt in batch:
+            if nxt.index in broken:
+                records.append(ProbeRecord(number=len(records) + 1, target="", index=nxt.index, verdict="inconclusive",
+                                           message="build failed"))
+                continue
+            truth = rate if culprit is not None and nxt.index >= culprit else 0.0
+            corrupt = clean = 0
+            while True:
+                k = int(rng.binomial(nxt.plan.round_sessions, truth))
+                corrupt, clean = corrupt + k, clean + nxt.plan.round_sessions - k
+                verdict = judge_probe(nxt.plan, corrupt, corrupt + clean, 0)
+                if verdict != "continue":
+                    break
+            records.append(ProbeRecord(number=len(records) + 1, target="", index=nxt.index, verdict=verdict,
+                                       corrupt=corrupt, clean=clean))
 
 
 @pytest.mark.parametrize("culprit", [1, 63])
 def test_a_culprit_at_either_end_is_named_on_a_flaky_signal(culprit: int) -> None:
     for seed in range(5):
-        step, records = _drawn_search(64, culprit, 0.15, seed)
+        step, records, _ = _drawn_search(64, culprit, 0.15, seed)
         assert step.stop is not None and (step.stop.reason, step.stop.commit) == ("found", culprit), (seed, records)
         assert records[0].index == 63
 
 
 def test_a_range_with_no_culprit_says_so() -> None:
-    step, records = _drawn_search(64, None, 0.15, 0)
+    step, records, _ = _drawn_search(64, None, 0.15, 0)
     assert step.stop is not None and step.stop.reason == "no_culprit"
     assert all(r.corrupt == 0 for r in records)
 
@@ -229,15 +254,42 @@ def test_a_range_with_no_culprit_says_so() -> None:
 def test_inconclusive_commits_are_steered_around_and_never_reprobed() -> None:
     # The commit before the culprit does not build: once 7 is good and 9 bad, only 8 or 9 can be to blame,
     # and no probe left can tell them apart. The search says so instead of probing on.
-    step, records = _drawn_search(16, 9, 0.3, 1, broken=frozenset({8}))
+    step, records, _ = _drawn_search(16, 9, 0.3, 1, broken=frozenset({8}))
     assert sum(r.index == 8 for r in records) == 1
     assert step.stop is not None and step.stop.reason == "stuck"
     assert {i for i, _ in step.posterior.top(2)} == {8, 9}
     assert step.posterior.culprit[8] + step.posterior.culprit[9] > 0.95
     # Elsewhere an unbuildable commit only costs its own failed build.
-    step, records = _drawn_search(16, 9, 0.3, 1, broken=frozenset({4, 12}))
+    step, records, _ = _drawn_search(16, 9, 0.3, 1, broken=frozenset({4, 12}))
     assert step.stop is not None and (step.stop.reason, step.stop.commit) == ("found", 9)
     assert sum(r.index in (4, 12) for r in records) <= 2
+
+
+@pytest.mark.parametrize("culprit", [1, 40, 63])
+def test_probes_at_once_name_the_same_culprit_in_fewer_steps(culprit: int) -> None:
+    for seed in range(5):
+        one, _, one_steps = _drawn_search(64, culprit, 0.15, seed)
+        four, records, four_steps = _drawn_search(64, culprit, 0.15, seed, parallel=4)
+        assert four.stop is not None and (four.stop.reason, four.stop.commit) == ("found", culprit), (seed, records)
+        assert records[0].index == 63 and four_steps < one_steps
+    # A lost probe is no evidence and marks nothing: the same commit is chosen again.
+    settings = ProbeSettings(load={}, round_sessions=16, max_rounds=1)
+    lost = [ProbeRecord(number=1, target="", index=63, verdict="lost", message="node died")]
+    again = decide(64, lost, Model(), settings, confidence=0.95, max_probes=30, max_sessions=1000)
+    assert not isinstance(again, Ended) and again.index == 63
+
+
+def test_probes_at_once_split_the_doubt_at_the_posteriors_quantiles() -> None:
+    post = posterior(17, [Observation(16, 5, 16)], Model())  # the bad end only: the culprit anywhere in 1..16
+    picks = spread_commits(post, 3, 16, 0.001)
+    bad = post.bad_probability()
+    assert picks == sorted(picks) and len(set(picks)) == 3
+    assert [abs(bad[i] - q) < 1 / 16 for i, q in zip(picks, (0.25, 0.5, 0.75))] == [True] * 3
+    assert picks == [4, 8, 12]
+    # The doubt on one commit (9 or 10 is the culprit): every probe of the step goes there; skipped, none is left.
+    sharp = posterior(17, [Observation(16, 5, 16), Observation(8, 0, 64), Observation(10, 9, 32)], Model())
+    assert spread_commits(sharp, 2, 16, 0.001) == [9, 9]
+    assert spread_commits(sharp, 2, 16, 0.001, skip=frozenset({9})) == []
 
 
 def test_a_bad_end_that_cannot_be_probed_ends_the_search() -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
-from proc_helpers import wait_for
+from proc_helpers import marked_pids, wait_for
 import yaml
 
 from repro.rayutil import task_options
@@ -67,20 +67,6 @@ def spec_file(tmp_path: Path, name: str, mark: str, **load: Any) -> Path:
 def repro(args: list[str], log: Path) -> subprocess.Popen[bytes]:
     with open(log, "wb") as out:
         return subprocess.Popen([*REPRO, *args], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
-
-
-def marked_pids(mark: str) -> set[int]:
-    """Processes whose environment carries `REPRO_TEST_MARK=mark`: the servers this test's matrix launched."""
-    needle = f"REPRO_TEST_MARK={mark}".encode()
-    found = set()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if needle in (entry / "environ").read_bytes().split(b"\0"):
-                    found.add(int(entry.name))
-            except OSError:
-                continue
-    return found
 
 
 def test_resources_become_ray_task_options() -> None:

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from rich.console import Console
 
 from faulty_servers import sessions_seen, start_faulty_server
-from proc_helpers import wait_for
+from proc_helpers import marked_pids, wait_for
 from repro.errors import EXIT_INTERNAL, EXIT_INTERRUPTED
 from repro.runner import RunOptions, RunResult, execute_run
 from repro.shards import shard_sizes
@@ -76,35 +76,39 @@ def test_two_workers_run_the_same_sessions_as_one_process(
                 assert (two.path / turn.raw_path).is_file()
 
 
-def _shard_pids() -> set[int]:
+def _shard_pids(mark: str) -> set[int]:
+    """The worker processes of the run started with `_marked(mark)` (other runs on the machine are not counted)."""
     found = set()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if b"repro.shards" in (entry / "cmdline").read_bytes():
-                    found.add(int(entry.name))
-            except OSError:
-                continue
+    for pid in marked_pids(mark):
+        try:
+            if b"repro.shards" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.add(pid)
+        except OSError:
+            continue
     return found
+
+
+def _marked(mark: str) -> dict[str, str]:
+    return {**os.environ, "REPRO_TEST_MARK": mark}
 
 
 def test_sigint_stops_the_workers_and_keeps_every_session(faulty: str, tmp_path: Path) -> None:
     out = tmp_path / "run"
-    before = _shard_pids()
+    mark = f"shards-sigint-{os.getpid()}"
     args = ["run", "--base-url", f"{faulty}/slow:0.1/v1", "--sessions", "12", "--concurrency", "4",
             "--workers", "2", "--out", str(out)]
     proc = subprocess.Popen([sys.executable, "-c", "from repro.cli import main; main()", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_marked(mark))
     sessions_file = out / "sessions.jsonl"
     deadline = time.monotonic() + 60
     while not (sessions_file.exists() and sessions_file.read_text().count("\n") >= 2):
         assert proc.poll() is None and time.monotonic() < deadline, "no session finished in time"
         time.sleep(0.05)
-    assert len(_shard_pids() - before) == 2
+    assert len(_shard_pids(mark)) == 2
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == EXIT_INTERRUPTED, err
-    assert not _shard_pids() - before
+    assert not _shard_pids(mark)
     loaded = load_run(out)
     assert loaded.summary is not None and loaded.summary.interrupted
     outcomes = [s.outcome for s in loaded.sessions]
@@ -117,14 +121,14 @@ def test_sigint_stops_the_workers_and_keeps_every_session(faulty: str, tmp_path:
 def test_a_lost_worker_costs_only_its_sessions_in_flight(faulty: str, tmp_path: Path) -> None:
     mode = "slow:0.3~lost"  # 1.5 s a turn: every session is in flight when the worker goes
     out = tmp_path / "run"
-    before = _shard_pids()
+    mark = f"shards-lost-{os.getpid()}"
     args = ["run", "--base-url", f"{faulty}/{mode}/v1", "--sessions", "8", "--turns", "4", "--workers", "2",
             "--out", str(out)]
     proc = subprocess.Popen([sys.executable, "-c", "from repro.cli import main; main()", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_marked(mark))
     try:
         wait_for(lambda: len(sessions_seen(faulty, mode)) == 8, 60, "every session to send its first turn")
-        (second,) = [pid for pid in _shard_pids() - before
+        (second,) = [pid for pid in _shard_pids(mark)
                      if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[-2] == b"1"]
         os.kill(second, signal.SIGKILL)
         _, err = proc.communicate(timeout=60)
@@ -142,4 +146,4 @@ def test_a_lost_worker_costs_only_its_sessions_in_flight(faulty: str, tmp_path: 
     assert loaded.summary is not None and loaded.summary.interrupted and loaded.summary.inconclusive
     assert [p.index for p in loaded.manifest.workers if p.lost] == [1]
     assert (out / "report.html").exists()
-    assert not _shard_pids() - before
+    assert not _shard_pids(mark)

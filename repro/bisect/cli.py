@@ -79,6 +79,10 @@ OUT = typer.Option(None, "--out", help="Bisect directory (default: reports/<time
 RESUME = typer.Option(False, "--resume", help="Continue the bisection in --out, keeping every recorded probe.")
 MAX_PROBES = typer.Option(40, "--max-probes", help="Probe budget.")
 READY_TIMEOUT = typer.Option(60.0, "--ready-timeout", help="Seconds a deployment may take to answer /health.")
+EXECUTOR = typer.Option("local", "--executor", help="local: probes one after another here; ray: each probe a Ray task.")
+RAY_ADDRESS = typer.Option(None, "--ray-address", help="Ray cluster to use (default: RAY_ADDRESS, else a local Ray).")
+PARALLEL = typer.Option(1, "--parallel", help="With --executor ray: probes run at once when the search has independent ones.")
+RESOURCES = typer.Option(None, "--resources", help="With --executor ray: what each probe asks of the cluster, JSON, e.g. '{\"GPU\": 8}'.")
 
 
 @bisect_app.command("flags")
@@ -107,8 +111,13 @@ def flags_command(
     workload: Path | None = WORKLOAD,
     config: Path | None = CONFIG,
     ready_timeout: float = READY_TIMEOUT,
+    executor: str = EXECUTOR,
+    ray_address: str | None = RAY_ADDRESS,
+    parallel: int = PARALLEL,
+    resources: str | None = RESOURCES,
 ) -> None:
     """Delta debugging over the settings that differ: the minimal set that makes the corruption appear."""
+    from repro.bisect.executor import probe_executor
     from repro.bisect.flags import bisect_flags
 
     if resume and out is None:
@@ -116,8 +125,9 @@ def flags_command(
     load = {k: v for k, v in locals().items() if k in _LOAD_KEYS}
     settings = probe_settings(config=config, load=load, sessions=sessions, max_rounds=max_rounds, mode=probe,
                               alpha=alpha, beta=beta, good_rate=good_rate, min_bad_rate=min_bad_rate, seed=seed)
+    runner = probe_executor(executor, ray_address=ray_address, parallel=parallel, resources=resources)
     result = bisect_flags(good, bad, settings=settings, out=out or default_out("flags"), resume=resume, deploy=deploy,
-                          max_probes=max_probes, ready_timeout=ready_timeout)
+                          max_probes=max_probes, ready_timeout=ready_timeout, executor=runner, parallel=parallel)
     raise typer.Exit(result.exit_code)
 
 
@@ -163,9 +173,17 @@ def commits_command(
     config: Path | None = CONFIG,
     build_timeout: float = BUILD_TIMEOUT,
     ready_timeout: float = READY_TIMEOUT,
+    executor: str = EXECUTOR,
+    ray_address: str | None = RAY_ADDRESS,
+    parallel: int = PARALLEL,
+    resources: str | None = typer.Option(
+        None, "--resources", help="With --executor ray: what each probe asks of the cluster, JSON, e.g. "
+        "'{\"GPU\": 8}' (default: --matrix-deployment's resources for its cell, else one CPU)."
+    ),
 ) -> None:
     """Bayesian search for the first bad commit: each probe deploys a commit and runs the load on it."""
     from repro.bisect.commits import bisect_commits
+    from repro.bisect.executor import probe_executor
     from repro.bisect.matrixdeploy import load_deployment
 
     if resume and out is None:
@@ -177,10 +195,13 @@ def commits_command(
     load = {**(matrix[0].load if matrix else {}), **{k: v for k, v in locals().items() if k in _LOAD_KEYS and v is not None}}
     settings = probe_settings(config=config, load=load, sessions=sessions, max_rounds=max_rounds, mode=probe,
                               alpha=alpha, beta=beta, good_rate=good_rate, min_bad_rate=min_bad_rate, seed=seed)
+    spec_resources = matrix[0].resources.for_cell(matrix[1].as_dict()) if matrix else None
+    runner = probe_executor(executor, ray_address=ray_address, parallel=parallel, resources=resources,
+                            spec_resources=spec_resources)
     result = bisect_commits(repo, good, bad, deploy=deploy, matrix=matrix, settings=settings,
                             out=out or default_out("commits"), build=build, resume=resume, confidence=confidence,
-                            max_probes=max_probes,
-                            max_sessions=max_sessions, build_timeout=build_timeout, ready_timeout=ready_timeout)
+                            max_probes=max_probes, max_sessions=max_sessions, build_timeout=build_timeout,
+                            ready_timeout=ready_timeout, executor=runner, parallel=parallel)
     raise typer.Exit(result.exit_code)
 
 

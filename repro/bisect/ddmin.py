@@ -7,7 +7,10 @@ The result is 1-minimal among resolved tests: removing any one change from it no
 Pairs that only fail together are found because ddmin also tests complements.
 
 Pure: `test` is called with a sorted tuple of change indices and may come from a cache (the journal),
-which is how an interrupted search resumes without repeating a probe.
+which is how an interrupted search resumes without repeating a probe. With `parallel` K > 1, the
+candidates of a granularity step (its subsets, then its complements) are handed to `ahead` K at a
+time, to be tested at once, before `test` reads them one by one in ddmin's order: the result is the
+one-at-a-time search's, at the cost of the tests past the first failing candidate of those K.
 """
 
 from __future__ import annotations
@@ -28,27 +31,47 @@ def _split(items: Subset, parts: int) -> list[Subset]:
     return [part for part in out if part]
 
 
-def ddmin(changes: Sequence[int], test: Callable[[Subset], Outcome]) -> Subset:
+def _first_failing(
+    candidates: list[Subset], test: Callable[[Subset], Outcome], parallel: int,
+    ahead: Callable[[list[Subset]], None] | None,
+) -> Subset | None:
+    """The first candidate whose test fails, testing `parallel` at a time through `ahead` when given."""
+    for start in range(0, len(candidates), parallel):
+        chunk = candidates[start:start + parallel]
+        if ahead is not None and len(chunk) > 1:
+            ahead(chunk)
+        for candidate in chunk:
+            if test(candidate) == "fail":
+                return candidate
+    return None
+
+
+def ddmin(
+    changes: Sequence[int],
+    test: Callable[[Subset], Outcome],
+    *,
+    parallel: int = 1,
+    ahead: Callable[[list[Subset]], None] | None = None,
+) -> Subset:
     """A 1-minimal failing subset of `changes`, assuming the whole set fails (the caller checks that).
 
     With a monotone test (fails iff the subset holds some fixed set S), the result is exactly S.
+    `ahead(candidates)` starts up to `parallel` tests at once (see the module docstring).
     """
     current: Subset = tuple(sorted(changes))
     parts = 2
     while len(current) >= 2:
         subsets = _split(current, parts)
         reduced = False
-        for subset in subsets:
-            if test(subset) == "fail":
-                current, parts, reduced = subset, 2, True
-                break
+        found = _first_failing(subsets, test, parallel, ahead)
+        if found is not None:
+            current, parts, reduced = found, 2, True
         # With two parts each complement is the other part, already tested.
         if not reduced and len(subsets) > 2:
-            for subset in subsets:
-                complement = tuple(i for i in current if i not in subset)
-                if test(complement) == "fail":
-                    current, parts, reduced = complement, max(parts - 1, 2), True
-                    break
+            complements = [tuple(i for i in current if i not in subset) for subset in subsets]
+            found = _first_failing(complements, test, parallel, ahead)
+            if found is not None:
+                current, parts, reduced = found, max(parts - 1, 2), True
         if not reduced:
             if parts >= len(current):
                 break

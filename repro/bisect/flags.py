@@ -5,23 +5,25 @@ sequential probe of the good configuration with a subset of the changes made.
 
 The deployment is the embedded simulator by default (its flags confirmed through `/server_info`),
 or `--deploy 'COMMAND ${flags} ${port}'` for any server that serves `/health` on that port.
+On Ray (repro.bisect.executor) ddmin's candidates of one step run `--parallel` at a time.
 """
 
 from __future__ import annotations
 
 import shlex
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
 from repro.bisect.ddmin import Outcome, Subset, ddmin
-from repro.bisect.journal import Journal
+from repro.bisect.executor import LocalProbes, ProbeExecutor
+from repro.bisect.journal import Journal, ProbeRecord
 from repro.bisect.posterior import ProbePlan
-from repro.bisect.probe import SIM_COMMAND, ProbeSettings, launch_plan
-from repro.bisect.search import Search, SearchOutcome
+from repro.bisect.probe import SIM_COMMAND, ProbeResult, ProbeSettings, launch_plan
+from repro.bisect.search import ProbeRequest, ProbesLost, Search, SearchOutcome
 from repro.bisect.settings import Change, Config, apply, command_line, differences, read_config
 from repro.errors import UsageError
 from repro.matrix.deploy import LaunchPlan
@@ -44,18 +46,32 @@ def sim_expectations(flags: list[str]) -> dict[str, Any]:
     return {key: info[key] for key in named if key in SimConfig.model_fields and key not in ("host", "port")}
 
 
-def _launch(config: Config, deploy: str | None, ready_timeout: float) -> LaunchPlan:
-    flags, env = command_line(config)
-    port = free_port()
-    if deploy is None:
-        return launch_plan("sim", [*SIM_COMMAND, "--port", str(port), *flags], port, env=env,
-                           expect=sim_expectations(flags), ready_timeout=ready_timeout)
-    values = {"flags": shlex.join(flags), "port": str(port), "python": sys.executable}
-    try:
-        argv = shlex.split(Template(deploy).substitute(values))
-    except (KeyError, ValueError) as err:
-        raise UsageError(f"--deploy: cannot substitute {err} (known: ${{flags}}, ${{port}}, ${{python}})") from None
-    return launch_plan("server", argv, port, env=env, ready_timeout=ready_timeout)
+@dataclass(frozen=True)
+class FlagsJob:
+    """A probe of one configuration: the simulator with its flags (confirmed), or the `--deploy` command."""
+
+    config: Config
+    deploy: str | None
+    ready_timeout: float
+
+    def prepare(self, probe_dir: Path) -> LaunchPlan | ProbeResult:
+        flags, env = command_line(self.config)
+        port = free_port()
+        if self.deploy is None:
+            return launch_plan("sim", [*SIM_COMMAND, "--port", str(port), *flags], port, env=env,
+                               expect=sim_expectations(flags), ready_timeout=self.ready_timeout)
+        values = {"flags": shlex.join(flags), "port": str(port), "python": sys.executable}
+        try:
+            argv = shlex.split(Template(self.deploy).substitute(values))
+        except (KeyError, ValueError) as err:
+            raise UsageError(f"--deploy: cannot substitute {err} (known: ${{flags}}, ${{port}}, ${{python}})") from None
+        return launch_plan("server", argv, port, env=env, ready_timeout=self.ready_timeout)
+
+    def finish(self, probe_dir: Path) -> None:
+        """Nothing to remove: the deployment stopped with the probe."""
+
+    def portable(self) -> FlagsJob:
+        return self
 
 
 def _describe(changes: list[Change], subset: Subset) -> str:
@@ -77,8 +93,11 @@ def bisect_flags(
     max_probes: int = 40,
     ready_timeout: float = 60.0,
     console: Console | None = None,
+    executor: ProbeExecutor | None = None,
+    parallel: int = 1,
 ) -> SearchOutcome:
-    """Run (or resume) a flag bisection in `out`; see the module docstring."""
+    """Run (or resume) a flag bisection in `out`; see the module docstring. `parallel` ddmin candidates
+    run at once on an executor that can (Ray)."""
     console = console or Console(stderr=True, highlight=False, soft_wrap=True)
     good, bad = read_config(good_text, option="--good"), read_config(bad_text, option="--bad")
     changes = differences(good, bad)
@@ -96,19 +115,36 @@ def bisect_flags(
         "probe": asdict(settings),
         "max_probes": max_probes,
     }
-    search = Search(Journal(out, setup, resume=resume), settings, console)
-    recorded = {tuple(r.subset or ()): r for r in search.records}
+    executor = executor or LocalProbes()
+    with executor.connected():
+        search = Search(Journal(out, setup, resume=resume), settings, console, executor)
+        return _search(search, good, changes, deploy=deploy, max_probes=max_probes, ready_timeout=ready_timeout,
+                       parallel=parallel)
+
+
+def _search(search: Search, good: Config, changes: list[Change], *, deploy: str | None, max_probes: int,
+            ready_timeout: float, parallel: int) -> SearchOutcome:
+    settings, setup = search.settings, search.journal.setup
+    # A lost probe says nothing about its subset: it is probed again when ddmin asks for it.
+    recorded = {tuple(r.subset or ()): r for r in search.records if r.verdict != "lost"}
     everything: Subset = tuple(range(len(changes)))
+
+    def request(subset: Subset, plan: ProbePlan, why: str) -> ProbeRequest:
+        return ProbeRequest(_describe(changes, subset), FlagsJob(apply(good, changes, subset), deploy, ready_timeout),
+                            plan, why, subset=list(subset))
+
+    def keep(records: list[ProbeRecord]) -> None:
+        for record in records:
+            if record.verdict != "lost":
+                recorded[tuple(record.subset or ())] = record
 
     def probe(subset: Subset, plan: ProbePlan, why: str) -> str:
         if subset in recorded:
             return recorded[subset].verdict
         if len(search.records) >= max_probes:
             raise _Budget
-        config = apply(good, changes, subset)
-        record = search.probe(_describe(changes, subset), lambda _dir: _launch(config, deploy, ready_timeout), plan,
-                              why=why, subset=list(subset))
-        recorded[subset] = record
+        record = search.probe(request(subset, plan, why))
+        keep([record])
         return record.verdict
 
     base = {"kind": "flags", "changes": setup["changes"], "good": setup["good"], "bad": setup["bad"]}
@@ -129,19 +165,30 @@ def bisect_flags(
             return search.finish({**base, "status": "stuck", "found": [],
                                   "conclusion": "The good configuration corrupts too: the differences do not explain it."})
 
+        def why(subset: Subset) -> str:
+            return f"ddmin: {len(subset)} of {len(changes)} changes"
+
         def test(subset: Subset) -> Outcome:
             if subset == everything:
                 return "fail"
-            verdict = probe(subset, plan, f"ddmin: {len(subset)} of {len(changes)} changes")
-            return OUTCOME[verdict]  # type: ignore[return-value]
+            return OUTCOME[probe(subset, plan, why(subset))]  # type: ignore[return-value]
 
-        found = ddmin(everything, test)
+        def ahead(subsets: list[Subset]) -> None:
+            """Probe at once the candidates not yet recorded, as many as the budget allows."""
+            todo = [s for s in subsets if s not in recorded and s != everything]
+            todo = todo[:max(0, max_probes - len(search.records))]
+            if len(todo) > 1:
+                keep(search.probe_all([request(s, plan, why(s)) for s in todo]))
+
+        found = ddmin(everything, test, parallel=parallel, ahead=ahead)
     except _Budget:
         failing = sorted((s for s, r in recorded.items() if r.verdict == "bad"), key=len)
         smallest = [str(changes[i]) for i in failing[0]] if failing else []
         return search.finish({**base, "status": "budget", "found": smallest,
                               "conclusion": f"Probe budget ({max_probes}) spent; the smallest failing set so far: "
                                             + ("; ".join(smallest) or "none")})
+    except ProbesLost as err:
+        return search.lost(base, err)
     named = [str(changes[i]) for i in found]
     # ddmin tested each one alone on the way (a probe that stayed undecided is "not shown to corrupt").
     together = " (only together: none alone was shown to corrupt)" if len(found) > 1 and all(

@@ -7,6 +7,7 @@ branch is pinned to its merge commit, as the branch's commits were never deploye
 
 from __future__ import annotations
 
+import io
 import shlex
 import shutil
 import subprocess
@@ -34,9 +35,9 @@ class Commit:
         return f"{index} {self.sha[:10]} {self.subject}"
 
 
-def _git(repo: Path, *args: str, stdout: int | None = subprocess.PIPE) -> subprocess.CompletedProcess:
+def _git(repo: Path, *args: str) -> subprocess.CompletedProcess:
     try:
-        return subprocess.run(["git", "-C", str(repo), *args], stdout=stdout, stderr=subprocess.PIPE,
+        return subprocess.run(["git", "-C", str(repo), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               timeout=GIT_TIMEOUT_S, check=False)
     except FileNotFoundError:
         raise UsageError("git is not installed (needed to bisect commits)") from None
@@ -67,17 +68,19 @@ def commit_range(repo: Path, good: str, bad: str) -> list[Commit]:
     return commits
 
 
-def checkout(repo: Path, sha: str, dest: Path) -> None:
-    """The commit's tree (no .git) extracted into `dest`."""
-    dest.mkdir(parents=True, exist_ok=True)
-    archive = dest.with_name(dest.name + ".tar")
-    with open(archive, "wb") as fh:
-        done = _git(repo, "archive", "--format=tar", sha, stdout=fh.fileno())
+def tree_archive(repo: Path, sha: str) -> bytes:
+    """The commit's tree (no .git) as a tar: what a probe on another machine checks out."""
+    done = _git(repo, "archive", "--format=tar", sha)
     if done.returncode != 0:
         raise UsageError(f"git archive {sha[:10]} failed: {one_line(done.stderr.decode(errors='replace'))}")
-    with tarfile.open(archive) as tar:
+    return done.stdout
+
+
+def extract(tree: bytes, dest: Path) -> None:
+    """A `tree_archive` unpacked into `dest`."""
+    dest.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(fileobj=io.BytesIO(tree)) as tar:
         tar.extractall(dest, filter="data")
-    archive.unlink()
 
 
 def substitute(command: str, values: dict[str, str], option: str) -> str:

@@ -1,7 +1,7 @@
 """The bisect directory on disk: what the search was asked (setup.json), every probe as it ended
 (probes.jsonl, appended, flushed and fsynced), and the whole state (bisect.json, rewritten
 atomically after every probe with status "running", and at the end with the conclusion). `--resume` reads setup.json and probes.jsonl back; SIGKILL therefore
-loses only the probe that was running, whose directories are moved aside and rerun.
+loses only the probes that were running, whose directories are moved aside and rerun.
 """
 
 from __future__ import annotations
@@ -28,7 +28,9 @@ class ProbeRecord(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     number: int
-    """1-based order of the probe in the search."""
+    """1-based number, in the order the probes were chosen (probes run at once are numbered in the
+    order they were chosen and recorded as they end; a probe lost to an interruption leaves its number
+    to the next probe chosen)."""
     target: str
     """What was probed: a commit's label, or the changes applied (flags)."""
     index: int | None = None
@@ -37,8 +39,10 @@ class ProbeRecord(BaseModel):
     """The changes applied to the good configuration (flag bisection)."""
     why: str | None = None
     """Why this probe was chosen (the decision trail)."""
-    verdict: Literal["bad", "good", "undecided", "inconclusive"]
-    """undecided: the probe's test reached its cap (its counts count); inconclusive: they do not."""
+    verdict: Literal["bad", "good", "undecided", "inconclusive", "lost"]
+    """undecided: the probe's test reached its cap (its counts count); inconclusive: they do not (the
+    target failed to build, start or serve); lost: the probe's Ray task ended without a result (its
+    node died): no evidence about the target, which may be probed again (`--resume` does)."""
     corrupt: int = 0
     clean: int = 0
     timeout: int = 0
@@ -50,6 +54,8 @@ class ProbeRecord(BaseModel):
     posterior: list[float] | None = None
     """Commit bisection: P(culprit = c) for every commit after this probe, then P(none) last."""
     duration_s: float = 0.0
+    node: dict[str, str] | None = None
+    """Where the probe ran (repro.node): the host name, and `ray_node_id` under the Ray executor."""
 
     @property
     def completed(self) -> int:

@@ -182,6 +182,26 @@ def next_commit(post: Posterior, sessions: int, good_rate: float, skip: frozense
     return best if gain[best] >= MIN_GAIN_SHARE * even_odds else None
 
 
+def spread_commits(
+    post: Posterior, count: int, sessions: int, good_rate: float, skip: frozenset[int] = frozenset()
+) -> list[int]:
+    """`count` commits to probe at once: for j = 1..count, the commit whose P(bad) is nearest
+    j / (count + 1), so the probes split the doubt about the culprit into count + 1 even parts as
+    bisection's midpoint splits it in two (ties to the lower index).
+
+    Only commits not in `skip` whose probe would teach `MIN_GAIN_SHARE` of what a probe of an
+    even-odds commit would are chosen; one commit may be chosen more than once when the doubt sits
+    there (two probes of one commit are two independent samples of it). Empty when none qualifies.
+    """
+    gain = information_gain(post, sessions, good_rate)
+    bad = post.bad_probability()
+    even_odds = float(_gain(np.array([0.5]), post.bad_rate, sessions, good_rate)[0])
+    candidates = [i for i in range(1, post.commits) if i not in skip and gain[i] >= MIN_GAIN_SHARE * even_odds]
+    if not candidates:
+        return []
+    return [min(candidates, key=lambda i: (abs(float(bad[i]) - j / (count + 1)), i)) for j in range(1, count + 1)]
+
+
 StopReason = Literal["found", "no_culprit", "budget", "stuck"]
 
 

@@ -11,7 +11,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, Protocol
 
 from rich.console import Console
 from rich.text import Text
@@ -66,7 +66,8 @@ class ProbeSettings:
 class ProbeResult:
     """What a probe counted and concluded; `run_dirs` are relative to the probe's directory's parent."""
 
-    verdict: ProbeVerdict
+    verdict: ProbeVerdict | Literal["lost"]
+    """judge_probe's verdict, or "lost": the probe's Ray task ended without a result (its node died)."""
     corrupt: int = 0
     clean: int = 0
     timeout: int = 0
@@ -75,6 +76,36 @@ class ProbeResult:
     run_dirs: list[str] = field(default_factory=list)
     message: str | None = None
     duration_s: float = 0.0
+
+
+class ProbeJob(Protocol):
+    """What one probe deploys, wherever it runs (this process or a Ray task on another machine)."""
+
+    def prepare(self, probe_dir: Path) -> LaunchPlan | ProbeResult:
+        """Make the deployment ready (a checkout, a build) and plan it, on the machine the probe runs on
+        (its ports are that machine's); a ProbeResult when the preparation already failed."""
+        ...
+
+    def finish(self, probe_dir: Path) -> None:
+        """Remove what the probe needed only while it ran (a checkout)."""
+        ...
+
+    def portable(self) -> "ProbeJob":
+        """The job with everything it reads from this machine packed in, for a task on another one."""
+        ...
+
+
+def run_job(job: ProbeJob, plan: ProbePlan, load: dict[str, Any], probe_dir: Path, *, seed: int,
+            console: Console) -> ProbeResult:
+    """One whole probe in `probe_dir`: prepare the job's deployment, run the probe (`run_probe`), clean up."""
+    try:
+        prepared = job.prepare(probe_dir)
+        if isinstance(prepared, ProbeResult):
+            console.print(Text(f"  inconclusive: {prepared.message}"))
+            return prepared
+        return run_probe(prepared, plan, load, probe_dir, seed=seed, console=console)
+    finally:
+        job.finish(probe_dir)
 
 
 def launch_plan(

@@ -1,6 +1,6 @@
 """The bisection's reports, from its state (what bisect.json holds): report.md and a self-contained
-report.html with every probe's counts and interval, the decision trail, and for a commit search the
-posterior plotted over the commits. Everything shown from the probes (commit subjects, settings,
+report.html with every probe's counts and interval, where it ran, the decision trail, and for a
+commit search the posterior plotted over the commits. Everything shown from the probes (commit subjects, settings,
 server messages) is escaped.
 """
 
@@ -11,6 +11,7 @@ from typing import Any
 
 import jinja2
 
+from repro.node import describe
 from repro.report.markdown import md_escape
 from repro.report.model import fmt_pct, fmt_range
 from repro.report.plots import Plot, encode_figure  # sets matplotlib's Agg backend first
@@ -42,6 +43,7 @@ def _rows(state: dict[str, Any]) -> list[dict[str, str]]:
                 "rounds": str(probe["rounds"]),
                 "why": probe.get("why") or "",
                 "note": probe.get("message") or "",
+                "node": describe(probe.get("node")) or "—",  # a dash: a lost probe ran nowhere
             }
         )
     return rows
@@ -76,7 +78,7 @@ _HTML = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined).fr
 <style>
 body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px} table{border-collapse:collapse;margin:1em 0}
 td,th{border:1px solid #ccc;padding:.3em .6em;text-align:left} .bad{color:#c62828;font-weight:bold}
-.good{color:#2e7d32}.inconclusive{color:#8d6e63}.verdict{font-size:1.1em;background:#f5f5f5;padding:1em;border-left:4px solid #c62828}
+.good{color:#2e7d32}.inconclusive,.lost{color:#8d6e63}.verdict{font-size:1.1em;background:#f5f5f5;padding:1em;border-left:4px solid #c62828}
 </style></head><body>
 <h1>repro bisect {{ s.kind }}</h1>
 <p class="verdict">{{ s.conclusion }}</p>
@@ -87,10 +89,10 @@ td,th{border:1px solid #ccc;padding:.3em .6em;text-align:left} .bad{color:#c6282
 {% if plot %}<h2>{{ plot.title }}</h2><img src="{{ plot.data_uri }}" alt="{{ plot.alt }}">{% endif %}
 <h2>Probes and decision trail</h2>
 <table><tr><th>#</th><th>probed</th><th>why</th><th>verdict</th><th>corrupt/completed</th><th>rate (95% CI)</th>
-<th>timeout / error</th><th>rounds</th><th>note</th></tr>
+<th>timeout / error</th><th>rounds</th><th>ran on</th><th>note</th></tr>
 {% for r in rows %}<tr><td>{{ r.number }}</td><td><code>{{ r.target }}</code></td><td>{{ r.why }}</td>
 <td class="{{ r.verdict }}">{{ r.verdict }}</td><td>{{ r.counts }}</td><td>{{ r.rate }}</td><td>{{ r.unfinished }}</td>
-<td>{{ r.rounds }}</td><td>{{ r.note }}</td></tr>{% endfor %}</table>
+<td>{{ r.rounds }}</td><td>{{ r.node }}</td><td>{{ r.note }}</td></tr>{% endfor %}</table>
 {% if s.get("changes") %}<h2>Settings that differ</h2><ol start="0">{% for c in s.changes %}<li><code>{{ c }}</code></li>{% endfor %}</ol>{% endif %}
 </body></html>
 """
@@ -106,11 +108,11 @@ def render_markdown(state: dict[str, Any]) -> str:
         lines += ["", "## Likeliest culprits", "", "| commit | P(first bad) |", "|---|---|"]
         lines += [f"| {md_escape(t['label'])} | {t['probability']:.3f} |" for t in state["top"]]
     lines += ["", "## Probes and decision trail", "",
-              "| # | probed | why | verdict | corrupt/completed | rate (95% CI) | timeout / error | rounds | note |",
-              "|---|---|---|---|---|---|---|---|---|"]
+              "| # | probed | why | verdict | corrupt/completed | rate (95% CI) | timeout / error | rounds | ran on | note |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in _rows(state):
         cells = [r["number"], md_escape(r["target"]), md_escape(r["why"]), r["verdict"], r["counts"], r["rate"],
-                 r["unfinished"], r["rounds"], md_escape(r["note"])]
+                 r["unfinished"], r["rounds"], md_escape(r["node"]), md_escape(r["note"])]
         lines.append("| " + " | ".join(cells) + " |")
     if state.get("changes"):
         lines += ["", "## Settings that differ", "", *(f"{i}. {md_escape(c)}" for i, c in enumerate(state["changes"]))]

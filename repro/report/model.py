@@ -13,6 +13,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Sequence
 
+from repro.node import describe as describe_node
 from repro.records import FindingRecord, OutcomeCounts, ParserEffect, SessionRecord, StoppingRecord, TurnRecord
 from repro.report.raw import RawExcerpt, read_raw, response_fields
 from repro.stats import Inconclusive, Interval, assess_inconclusive, clopper_pearson, timeout_bounds, upper_bound
@@ -421,19 +422,12 @@ def run_view(run: Run, *, confidence: float = 0.95) -> RunView:
         observe=observe,
         effect=effect,
         stopping=run.summary.stopping if run.summary is not None else None,
-        node=_node_text(run.manifest.node),
+        node=describe_node(run.manifest.node),
         workers=[
-            f"worker {place.index} on {_node_text(place.node)}" + (" (lost)" if place.lost else "")
+            f"worker {place.index} on {describe_node(place.node)}" + (" (lost)" if place.lost else "")
             for place in run.manifest.workers
         ],
     )
-
-
-def _node_text(node: dict[str, str] | None) -> str | None:
-    if not node:
-        return None
-    ray_node = node.get("ray_node_id")
-    return node.get("hostname", "unknown host") + (f" (Ray node {ray_node})" if ray_node else "")
 
 
 def comparisons(runs: Sequence[RunView]) -> list[ComparisonRow]:

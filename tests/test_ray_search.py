@@ -1,0 +1,195 @@
+"""`repro bisect` and `repro sweep` with `--executor ray` on Ray's own two-node test cluster (one machine,
+loopback only): real `repro` processes, real Ray tasks launching real simulators on the nodes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+from proc_helpers import marked_pids, wait_for
+from run_builders import run_main
+
+from repro.bisect.simrepo import BUILD, DEPLOY, build_repo
+from repro.procs import free_port
+
+# A cluster bound to loopback only: without this, Ray resolves 127.0.0.1 to the machine's outward address.
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+ray = pytest.importorskip("ray")
+from ray.cluster_utils import Cluster  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+REPRO = [sys.executable, "-c", "from repro.cli import main; main()"]
+NODE_ARGS = dict(num_cpus=1, object_store_memory=80 * 1024 * 1024, include_dashboard=False, node_ip_address="127.0.0.1")
+LOAD = ["--sessions", "16", "--turns", "14"]
+# Long sessions on a fast clock: HiCache with the bf16 index-K corrupts about half the sessions at 16 at once.
+COMMON = "--time-scale 0.05 --final-after-turns 10"
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[tuple[Cluster, dict[str, str]]]:
+    """Two Ray nodes on this machine with one CPU each: `node_a` (the head) and `node_b`, each with its own
+    custom resource. Two one-CPU probes at once therefore run one on each node."""
+    made = Cluster(initialize_head=True, head_node_args={**NODE_ARGS, "resources": {"node_a": 1}})
+    try:
+        worker = made.add_node(**NODE_ARGS, resources={"node_b": 1})
+        made.wait_for_nodes()
+        yield made, {"node_a": made.head_node.node_id, "node_b": worker.node_id}
+    finally:
+        made.shutdown()
+
+
+def repro(args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    with open(log, "wb") as out:
+        return subprocess.Popen([*REPRO, *args], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+
+
+def finish(proc: subprocess.Popen[bytes], log: Path, timeout: float) -> int:
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=120)
+        raise AssertionError(log.read_text()[-3000:]) from None
+
+
+def test_bad_executor_combinations_are_one_line_and_make_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "never"
+    flags = ["bisect", "flags", "--good", "--tp 8", "--bad", "--tp 4", "--out", str(out)]
+    commits = ["bisect", "commits", "--repo", str(tmp_path), "--good", "a", "--bad", "b", "--deploy", "x",
+               "--out", str(out)]
+    sweep = ["sweep", "--concurrency", "1,4", "--out", str(out)]
+    cases = [
+        ([*flags, "--parallel", "2"], "--parallel 2 needs --executor ray"),
+        ([*flags, "--resources", '{"GPU": 1}'], "--resources needs --executor ray"),
+        ([*flags, "--ray-address", "127.0.0.1:1"], "--ray-address needs --executor ray"),
+        ([*flags, "--executor", "ray", "--parallel", "0"], "--parallel must be at least 1"),
+        ([*flags, "--executor", "ray", "--resources", "GPU=1"], "--resources 'GPU=1': not JSON"),
+        ([*flags, "--executor", "ray", "--resources", '{"GPU": -1}'], "'GPU' must be a number >= 0"),
+        ([*flags, "--executor", "nope"], "--executor 'nope': expected one of local, ray"),
+        ([*commits, "--executor", "ray", "--ray-address", f"127.0.0.1:{free_port()}"], "nothing answers there"),
+        ([*sweep, "--executor", "ray", "--base-url", "http://127.0.0.1:1/v1"], "--base-url names a running server"),
+        ([*sweep, "--resources", '{"GPU": 1}'], "--resources needs --executor ray"),
+        ([*sweep, "--executor", "ray", "--resources", "[1]"], "expected a JSON object"),
+    ]
+    for args, expected in cases:
+        code, stdout, err = run_main(capsys, *args)
+        assert code == 2 and expected in err and err.count("\n") == 1, (args, stdout, err)
+        assert not out.exists()
+
+
+def test_commit_bisection_runs_two_probes_at_once_and_names_the_culprit(
+    cluster: tuple[Cluster, dict[str, str]], tmp_path: Path
+) -> None:
+    made, nodes = cluster
+    shas = build_repo(tmp_path / "repo", commits=5, culprit=2)
+    out = tmp_path / "bisect"
+    proc = repro(["bisect", "commits", "--repo", str(tmp_path / "repo"), "--good", shas[0], "--bad", "main",
+                  "--build", BUILD, "--deploy", DEPLOY, "--out", str(out), *LOAD,
+                  "--executor", "ray", "--ray-address", made.address, "--parallel", "2"], tmp_path / "log")
+    assert finish(proc, tmp_path / "log", 280) == 0, (tmp_path / "log").read_text()[-3000:]
+    state = json.loads((out / "bisect.json").read_text())
+    # The culprit the local executor names on the same repository (tests/test_bisect_commits.py).
+    assert state["status"] == "found" and state["found"][0].startswith(f"2 {shas[2][:10]}")
+    probes = state["probes"]
+    assert probes[0]["index"] == 4 and probes[0]["why"].startswith("the bad end")  # alone: it must corrupt first
+    assert any(p["why"].startswith("quantile 1/3 of the posterior") for p in probes)
+    # Each probe ran on a node of the cluster, and two at once ran on both (one CPU each).
+    assert {p["node"]["ray_node_id"] for p in probes} == set(nodes.values())
+    for probe in probes:
+        manifest = json.loads((out / "probes" / probe["run_dirs"][0] / "manifest.json").read_text())
+        assert manifest["node"]["ray_node_id"] == probe["node"]["ray_node_id"]
+        assert not (out / "probes" / probe["run_dirs"][0]).parent.joinpath("src").exists()
+    assert all(abs(sum(p["posterior"]) - 1) < 1e-9 for p in probes)
+    assert nodes["node_b"] in (out / "report.md").read_text()
+
+
+def test_flag_bisection_probes_on_the_node_named_and_a_lost_probe_is_rerun_on_resume(
+    cluster: tuple[Cluster, dict[str, str]], tmp_path: Path
+) -> None:
+    made, nodes = cluster
+    mark = uuid.uuid4().hex
+    good = f"{COMMON} --index-k-dtype fp8 --tp 8 / REPRO_TEST_MARK={mark}"
+    bad = f"{COMMON} --enable-hierarchical-cache --index-k-dtype bf16 --tp 8 / REPRO_TEST_MARK={mark}"
+    out = tmp_path / "bisect"
+    # One round a probe: a clean probe stays undecided, which ddmin reads as "not shown to fail".
+    args = ["bisect", "flags", "--good", good, "--bad", bad, "--out", str(out), *LOAD, "--max-rounds", "1",
+            "--good-rate", "0.02", "--executor", "ray", "--ray-address", made.address]
+    # No node has `nowhere`: the first probe is lost, and the search stops (exit 3) for --resume.
+    lost = repro([*args, "--resources", '{"nowhere": 1}'], tmp_path / "lost.log")
+    assert finish(lost, tmp_path / "lost.log", 120) == 3, (tmp_path / "lost.log").read_text()[-3000:]
+    state = json.loads((out / "bisect.json").read_text())
+    (probe,) = state["probes"]
+    assert state["status"] == "lost" and probe["verdict"] == "lost" and probe["node"] is None
+    assert "no live node of the cluster has the resources" in probe["message"]
+
+    # Resumed on node_b, two probes at once (half of node_b's resource each).
+    resumed = repro([*args, "--resume", "--resources", '{"node_b": 0.5}', "--parallel", "2"], tmp_path / "resume.log")
+    assert finish(resumed, tmp_path / "resume.log", 280) == 0, (tmp_path / "resume.log").read_text()[-3000:]
+    state = json.loads((out / "bisect.json").read_text())
+    # The set the local executor finds (tests/test_bisect_flags.py): HiCache and the bf16 index-K, together,
+    # each alone probed at once with the other.
+    assert state["status"] == "found" and state["found_indices"] == [0, 1] and "only together" in state["conclusion"]
+    probes = state["probes"]
+    assert probes[0]["verdict"] == "lost" and probes[1]["subset"] == [0, 1] and probes[1]["verdict"] == "bad"
+    assert sorted(p["subset"] for p in probes[3:]) == [[0], [1]]
+    assert sorted(p["number"] for p in probes) == list(range(1, len(probes) + 1))
+    assert all(p["node"]["ray_node_id"] == nodes["node_b"] for p in probes[1:])
+    report = (out / "report.md").read_text()
+    assert nodes["node_b"] in report and "| lost |" in report
+    assert "1 probe(s) already recorded" in (tmp_path / "resume.log").read_text()
+    assert not marked_pids(mark)
+
+
+def test_sigint_cancels_the_probes_and_leaves_no_server(cluster: tuple[Cluster, dict[str, str]], tmp_path: Path) -> None:
+    made, _ = cluster
+    mark = uuid.uuid4().hex
+    out = tmp_path / "bisect"
+    # Slow sessions: the probes are still serving when the interrupt comes.
+    good = f"--time-scale 1 --index-k-dtype fp8 / REPRO_TEST_MARK={mark}"
+    bad = f"--time-scale 1 --enable-hierarchical-cache --tp 4 / REPRO_TEST_MARK={mark}"
+    proc = repro(["bisect", "flags", "--good", good, "--bad", bad, "--out", str(out), "--sessions", "8",
+                  "--executor", "ray", "--ray-address", made.address], tmp_path / "log")
+    try:
+        wait_for(lambda: len(marked_pids(mark)) >= 1, 120, "the bad end's server to serve")
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=120) == 130, (tmp_path / "log").read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    wait_for(lambda: not marked_pids(mark), 30, "every server the probes launched to end")
+    log = (tmp_path / "log").read_text()
+    assert "cancelling 1 Ray task(s)" in log and "repro: interrupted" in log and "Traceback" not in log
+    assert not (out / "probes.jsonl").exists()
+
+
+def test_sweep_on_a_node_finds_the_local_onset(cluster: tuple[Cluster, dict[str, str]], tmp_path: Path) -> None:
+    made, nodes = cluster
+    # A small device pool: more evictions and load-backs, so 16 at once corrupt a third or more of the
+    # sessions even on a loaded machine, and one at a time none.
+    sweep = ["sweep", "--concurrency", "1,16", "--sessions", "16", "--seed", "3", "--sim-args",
+             f"{COMMON} --enable-hierarchical-cache --index-k-dtype bf16 --max-total-tokens 32000"]
+    on_ray = repro([*sweep, "--out", str(tmp_path / "ray"), "--executor", "ray", "--ray-address", made.address,
+                    "--resources", '{"node_b": 1}'], tmp_path / "ray.log")
+    local = repro([*sweep, "--out", str(tmp_path / "local")], tmp_path / "local.log")
+    assert finish(on_ray, tmp_path / "ray.log", 240) == 0, (tmp_path / "ray.log").read_text()[-3000:]
+    assert finish(local, tmp_path / "local.log", 240) == 0, (tmp_path / "local.log").read_text()[-3000:]
+    results = {name: json.loads((tmp_path / name / "sweep.json").read_text()) for name in ("ray", "local")}
+    assert results["ray"]["onset"] == results["local"]["onset"] == 16
+    assert results["ray"]["node"]["ray_node_id"] == nodes["node_b"] and "ray_node_id" not in results["local"]["node"]
+    # Both levels ran against one server on that node: one base URL, one node in their manifests.
+    manifests = [json.loads((tmp_path / "ray" / level / "manifest.json").read_text()) for level in ("c001", "c016")]
+    assert len({m["target"]["base_url"] for m in manifests}) == 1
+    assert {m["node"]["ray_node_id"] for m in manifests} == {nodes["node_b"]}
+    assert nodes["node_b"] in (tmp_path / "ray" / "sweep.md").read_text()
+    assert "sweep: concurrency 16: 16 sessions" in (tmp_path / "ray.log").read_text()
