@@ -35,8 +35,13 @@ TAIL_BYTES = 4096
 """How much of a log's end `log_tail` reads: enough for the last lines, bounded for endless ones."""
 
 
+class PortTakenError(TargetError):
+    """Another process holds the port a launched server was to listen on (it may have taken it since the
+    port was chosen): with a port the harness chose itself, a fresh port is the remedy."""
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port that was free a moment ago. The kernel may hand it out again; callers retry on bind failure."""
+    """A port that was free a moment ago. The kernel may hand it out again; callers retry on PortTakenError."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
@@ -338,7 +343,7 @@ def confirm_listener(process: ManagedProcess, port: int) -> str | None:
     name = process.argv[0]
     if not process.alive:
         tail = one_line(process.log_tail(5))
-        raise TargetError(
+        raise PortTakenError(
             f"{name} exited with code {process.returncode} though port {port} answered "
             "(another process may serve that port)" + (f"; its output ends with: {tail}" if tail else "")
         )
@@ -351,7 +356,7 @@ def confirm_listener(process: ManagedProcess, port: int) -> str | None:
     ours = members(process.pgid, process.tag) if process.tag else {process.pid}
     foreign = sorted(pid for pid in holders if pid not in ours)
     if foreign:
-        raise TargetError(
+        raise PortTakenError(
             f"port {port} is held by {', '.join(describe_pid(pid) for pid in foreign)}, "
             f"not by the launched {name} (pid {process.pid}) or its children"
         )

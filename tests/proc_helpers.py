@@ -20,6 +20,16 @@ def group_gone(pgid: int, timeout: float = 10.0) -> bool:
         time.sleep(0.05)
 
 
+def pid_gone(pid: int) -> bool:
+    """Whether process `pid` has ended (a zombie counts as ended). Its state says so, not its command line,
+    which also reads empty for a moment while a live process execs."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rpartition(")")[2].split()[0] in ("Z", "X")
+
+
 def poll(condition: Callable[[], bool], timeout: float = 30.0) -> bool:
     """True once `condition()` holds; False if it still does not after `timeout` seconds."""
     deadline = time.monotonic() + timeout

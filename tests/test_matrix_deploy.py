@@ -3,9 +3,13 @@ failures, and `/server_info` confirmation that stops a cell running the wrong co
 
 from __future__ import annotations
 
+import io
+import json
 import os
 import signal
+import socket
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -13,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 from proc_helpers import group_gone, poll
+from rich.console import Console
 
 from repro.errors import TargetError, UsageError
 from repro.matrix.analysis import CellRun, analyse
@@ -26,6 +31,7 @@ from repro.matrix.deploy import (
 )
 from repro.matrix.design import cells, plan
 from repro.matrix.report import write_reports
+from repro.matrix.runner import run_cell
 from repro.matrix.spec import MatrixSpec
 from repro.sim.launch import start_sim
 
@@ -231,6 +237,40 @@ def test_a_port_taken_after_the_launch_is_caught_by_who_holds_it(tmp_path: Path)
     finally:
         if pidfile.exists():
             os.kill(int(pidfile.read_text()), signal.SIGKILL)
+
+
+def test_a_port_lost_between_its_choice_and_the_bind_is_relaunched_on_a_fresh_one(tmp_path: Path) -> None:
+    # The launched command says which port it got and waits; the test takes that port first, as another
+    # matrix on the machine can (its own free_port() may return the same number), then lets it go on.
+    ports, go = tmp_path / "ports", tmp_path / "go"
+    command = f"bash -c 'echo ${{port}} >> {ports}; while [ ! -e {go} ]; do sleep 0.05; done; exec {SIM}'"
+    spec = spec_of({"hicache": HICACHE}, {"command": command, "port": "${port}", "ready": READY},
+                   load={"sessions": 2, "turns": 2, "timeout": 60})
+    taken = threading.Event()
+    done = threading.Event()
+
+    def occupy() -> None:
+        if poll(lambda: ports.exists() and ports.read_text().strip() != "", timeout=60):
+            with socket.create_server(("127.0.0.1", int(ports.read_text().split()[0]))):
+                taken.set()
+                go.touch()
+                done.wait(timeout=120)
+        go.touch()
+
+    occupant = threading.Thread(target=occupy)
+    occupant.start()
+    console = io.StringIO()
+    try:
+        result = run_cell(spec, run_for(spec, hicache="off"), tmp_path / "m", total=1,
+                          console=Console(file=console, width=300), cell_reports=False)
+    finally:
+        done.set()
+        occupant.join(timeout=30)
+    assert taken.is_set()
+    first, second = map(int, ports.read_text().split())
+    assert result.status == "finished", result.message
+    assert f"port {first} is held by" in console.getvalue() and "relaunching on fresh ports" in console.getvalue()
+    assert second != first and f":{second}" in json.dumps(result.launch)
 
 
 def test_a_server_without_server_info_leaves_the_cell_unconfirmed_and_failed(tmp_path: Path) -> None:

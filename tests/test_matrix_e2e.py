@@ -20,7 +20,7 @@ import yaml
 
 from repro.matrix.spec import SpecLoader
 
-from proc_helpers import group_gone, wait_for
+from proc_helpers import group_gone, pid_gone, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 SIM_SPEC = ROOT / "matrices" / "sim_hicache_bf16.yaml"
@@ -240,13 +240,6 @@ def test_resume_needs_a_matrix_directory(tmp_path: Path) -> None:
     done = subprocess.run([*REPRO, "matrix", str(SIM_SPEC), "--resume"], capture_output=True, text=True, timeout=60,
                           cwd=ROOT)
     assert done.returncode == 2 and "--resume needs --out" in done.stderr
-
-
-def pid_gone(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes() == b""  # a zombie has no command line left
-    except OSError:
-        return True
 
 
 def test_a_server_dying_mid_cell_fails_the_cell_with_its_exit_and_output_and_resume_reruns_it(tmp_path: Path) -> None:

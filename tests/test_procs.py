@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from proc_helpers import group_gone, poll
+from proc_helpers import group_gone, pid_gone, poll
 
 from repro.errors import TargetError
 from repro.procs import (
@@ -72,14 +72,6 @@ proc = start_process(["bash", "-c", sys.argv[1]], log_path=Path(sys.argv[2]))
 print(proc.pgid, flush=True)
 sys.stdin.read()  # until the test kills us
 """
-
-
-def pid_gone(pid: int) -> bool:
-    # A zombie has no command line left: it is gone for this purpose.
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes() == b""
-    except OSError:
-        return True
 
 
 def test_sigkill_of_the_harness_stops_its_group_and_what_left_it(tmp_path: Path) -> None:

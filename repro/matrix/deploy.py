@@ -33,6 +33,7 @@ from repro.procs import (
     confirm_listener,
     free_port,
     one_line,
+    PortTakenError,
     port_in_use,
     start_process,
     wait_http_ready,
@@ -93,6 +94,8 @@ class LaunchPlan:
     flags: list[str] = field(default_factory=list)
     """Every flag of the cell's levels, for the record."""
     log_max_bytes: int | None = None
+    ports_chosen: bool = False
+    """Some port is `auto` (chosen by the harness): a launch that lost one to another process can be retried."""
 
 
 def run_seed(spec: MatrixSpec, run: PlannedRun) -> int:
@@ -193,6 +196,7 @@ def resolve(
             raise UsageError(f"deployment {name!r}: give url, or a port on process {last.name!r}")
         url = f"http://127.0.0.1:{sub(str(last.port))}"
     return LaunchPlan(
+        ports_chosen=AUTO in spec.variables.values(),
         deployment=name,
         url=url.rstrip("/"),
         processes=processes,
@@ -356,6 +360,10 @@ class CellDeployment:
         self._set_up = False
 
     def __enter__(self) -> Confirmation:
+        return self.start()
+
+    def start(self) -> Confirmation:
+        """Launch and confirm the cell; on any failure, what was started is stopped before the error leaves."""
         try:
             return self._start()
         except BaseException:
@@ -418,7 +426,7 @@ class CellDeployment:
             occupant = port_in_use(launch.local_port) if launch.local_port is not None else None
             if occupant is not None:
                 # Readiness would succeed against the occupant and the cell would measure it.
-                raise TargetError(
+                raise PortTakenError(
                     f"cell {self.cell}: {launch.name}: port {launch.local_port} is already in use by {occupant}; "
                     "stop it or choose another port"
                 )
@@ -447,9 +455,12 @@ class CellDeployment:
                     process=proc,
                 )
             except TargetError as err:
-                raise TargetError(
+                # A server that died while another process listens on its port lost the port to it.
+                taken = proc is not None and not proc.alive and launch.local_port is not None and port_in_use(launch.local_port)
+                raise (PortTakenError if taken else TargetError)(
                     f"cell {self.cell}: {launch.name}: {one_line(str(err))} "
                     f"(ready timeout {self.plan.ready_timeout:g}s for the whole deployment)"
+                    + (f"; port {launch.local_port} is held by {taken}" if taken else "")
                 ) from None
         notes = self._check_owners(waiting)
         result = self._confirm()
@@ -465,6 +476,8 @@ class CellDeployment:
                 continue
             try:
                 note = confirm_listener(proc, launch.local_port)
+            except PortTakenError as err:
+                raise PortTakenError(f"cell {self.cell}: {launch.name}: {one_line(str(err))}") from None
             except TargetError as err:
                 raise ConfirmationError(f"cell {self.cell}: {launch.name}: {one_line(str(err))}") from None
             if note:

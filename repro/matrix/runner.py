@@ -38,14 +38,15 @@ from repro.errors import (
     is_interrupt,
     request_interrupt,
 )
+from repro.matrix import sequential
 from repro.matrix.analysis import CellRun, MatrixAnalysis, analyse, cell_counts
 from repro.matrix.deploy import CellDeployment, describe, resolve, stop_stale
-from repro.matrix import sequential
 from repro.matrix.design import Cell, PlannedRun, cells, plan
 from repro.matrix.plan import Plan, PlannedEntry
 from repro.matrix.report import write_reports
 from repro.matrix.spec import MatrixSpec, load_spec
 from repro.node import where
+from repro.procs import PortTakenError, one_line
 from repro.records import Summary
 from repro.store import SUMMARY, dump_json, slug
 
@@ -57,6 +58,8 @@ CELLS = "cells"
 LOGS = "logs"
 Executor = Literal["local", "ray"]
 EXECUTORS = ("local", "ray")
+PORT_ATTEMPTS = 3
+"""Launches of a run whose `auto` port another process took between its choice and the bind."""
 
 
 @dataclass(frozen=True)
@@ -338,7 +341,7 @@ def run_cell(
     from repro.runner import RunOptions, execute_run  # the load layer
 
     log_dir = path / LOGS / run.key
-    launch = resolve(spec, run, log_dir=log_dir)
+    launch = resolve(spec, run, log_dir=log_dir)  # for the load's URL; relaunches on lost ports resolve anew
     load = dict(spec.load)
     load.update(
         base_url=f"{launch.url}/v1",
@@ -356,10 +359,27 @@ def run_cell(
     deployment = CellDeployment(launch, log_dir, cell=run.key)
     watch = deployment.watch()
     try:
-        with deployment as confirmation, watch:
-            for note in confirmation.notes:
-                console.print(Text(f"  not verified: {note}"))
-            result = execute_run(options, console=console, live=False, report=cell_reports)
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            try:
+                confirmation = deployment.start()
+                break
+            except PortTakenError as err:
+                if not launch.ports_chosen or attempt == PORT_ATTEMPTS:
+                    raise
+                # Another process took a port between its choice and the bind (two matrices on one machine).
+                console.print(Text(f"  {one_line(str(err))}; relaunching on fresh ports"))
+                launch = resolve(spec, run, log_dir=log_dir)
+                options = options.model_copy(update={"base_url": f"{launch.url}/v1"})
+                deployment = CellDeployment(launch, log_dir, cell=run.key)
+                watch = deployment.watch()
+                base["launch"] = describe(launch)
+        try:
+            with watch:
+                for note in confirmation.notes:
+                    console.print(Text(f"  not verified: {note}"))
+                result = execute_run(options, console=console, live=False, report=cell_reports)
+        finally:
+            deployment.stop()
     except TargetError as err:
         message = watch.exit.message(run.key) if watch.exit else str(err)
         return CellRun(
