@@ -54,7 +54,8 @@ def test_bf16_hicache_at_60_sessions_corrupts_and_fault_log_matches_verdicts(sim
     assert {f.request_id for f in visible} == _flagged(records, "parsed_verdict")
     assert all(f.parsed_verdict == ("corrupt" if f.parser_effect == "visible" else "clean") for f in faults)
     assert not any(t.verdict == "suspect" for r in records for t in r.turns)
-    assert all(f.read_time_s < f.copy_done_s and 0 <= f.layer for f in faults)
+    # The fault log rounds times to the microsecond: a read that beat its copy by less shows as a tie.
+    assert all(f.read_time_s <= f.copy_done_s and 0 <= f.layer for f in faults)
     assert all(f.load_back_tokens > 0 for f in faults)
     corrupt_sessions = sum(r.outcome == "corrupt" for r in records)
     # The seeds saw 12-18%; the calibration aims at 10-20% and this band leaves room for scheduling noise.

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from repro.errors import UsageError
-from repro.stats import benjamini_hochberg, compare, holm
+from repro.stats import benjamini_hochberg, compare, holm, newcombe_difference
 
 
 def test_worked_example_of_statistics_md() -> None:
@@ -97,6 +97,12 @@ def test_comparison_properties(n1: int, n2: int, data: st.DataObject) -> None:
     swapped = compare(k2, n2, k1, n1)
     assert swapped.p_fisher == pytest.approx(c.p_fisher)
     assert (swapped.diff_low, swapped.diff_high) == pytest.approx((-c.diff_high, -c.diff_low), abs=1e-9)
+
+
+def test_the_difference_interval_stays_within_minus_one_and_one() -> None:
+    # A case hypothesis found: statsmodels' bound was 1.0000000000000002.
+    assert newcombe_difference(27, 27, 0, 1) == pytest.approx((0.19683255422718404, 1.0)) and compare(27, 27, 0, 1).diff_high == 1.0
+    assert newcombe_difference(0, 1, 27, 27)[0] == -1.0
 
 
 def test_holm_and_benjamini_hochberg_by_hand() -> None:
