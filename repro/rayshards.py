@@ -29,11 +29,9 @@ import anyio
 
 from repro.errors import InternalError, UsageError
 from repro.node import where
-from repro.rayutil import LOOPBACK, alive_nodes, fits, task_options
+from repro.rayutil import LOOPBACK, alive_nodes, error_line, fits, task_options
 from repro.shards import Frame, Link, ShardJob, Transport, play_shard
 
-DEFAULT_RESOURCES = {"CPU": 1.0}
-"""What a worker asks for unless --worker-resources says otherwise: a core for its event loop."""
 PLACE_TIMEOUT_S = 120.0
 """Time for every actor to be placed and started (Ray may start a worker process on a node for each)."""
 TAKE_WAIT_S = 0.25
@@ -111,7 +109,7 @@ class _ActorLink:
         try:
             await anyio.to_thread.run_sync(self.ray.get, self.actor.start.remote(job))
         except self.ray.exceptions.RayError as err:
-            self._lost = _first_line(err)
+            self._lost = error_line(err)
             self.actor = None  # gone before its first frame: `frames` yields none
 
     async def frames(self) -> AsyncIterator[Frame]:
@@ -120,7 +118,7 @@ class _ActorLink:
             try:
                 batch = await anyio.to_thread.run_sync(self.ray.get, ref, abandon_on_cancel=True)
             except self.ray.exceptions.RayError as err:
-                self._lost = _first_line(err)
+                self._lost = error_line(err)
                 return
             for message in batch:
                 yield message
@@ -134,11 +132,6 @@ class _ActorLink:
 
     async def lost(self) -> str:
         return self._lost
-
-
-def _first_line(err: BaseException) -> str:
-    lines = [line for line in str(err).strip().splitlines() if line.strip()]
-    return f"{type(err).__name__}: {lines[0].strip() if lines else ''}"
 
 
 def ray_actors(ray: Any, resources: list[dict[str, float]]) -> Transport:
@@ -162,7 +155,7 @@ def ray_actors(ray: Any, resources: list[dict[str, float]]) -> Transport:
                 raise UsageError(f"--executor ray: the cluster did not start {workers} worker(s) within "
                                  f"{PLACE_TIMEOUT_S:g}s; is it busy?") from None
             except ray.exceptions.RayError as err:
-                raise InternalError(f"--executor ray: a worker failed to start: {_first_line(err)}") from None
+                raise InternalError(f"--executor ray: a worker failed to start: {error_line(err)}") from None
             yield [_ActorLink(ray, actor, node) for actor, node in zip(actors, placed)]
         finally:
             for actor in actors:

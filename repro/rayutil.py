@@ -45,6 +45,16 @@ DEFAULT_RESOURCES = {"CPU": 1.0}
 """What a task asks for when nothing says otherwise (as a matrix spec's `resources.run`)."""
 
 
+EXECUTORS = ("local", "ray")
+"""What `--executor` names: this machine, or a Ray cluster."""
+
+
+def check_executor(executor: str) -> None:
+    """UsageError unless `executor` is one of EXECUTORS."""
+    if executor not in EXECUTORS:
+        raise UsageError(f"--executor {executor!r}: expected one of {', '.join(EXECUTORS)}")
+
+
 def task_options(resources: dict[str, float]) -> dict[str, Any]:
     """Ray task (or actor) options asking for `resources` (names: CPU, GPU, memory, custom ones)."""
     options: dict[str, Any] = {"num_cpus": 0}
@@ -59,6 +69,17 @@ def task_options(resources: dict[str, float]) -> dict[str, Any]:
     return options
 
 
+def is_amount(value: object) -> bool:
+    """Whether `value` can be a Ray resource amount: a finite number, at least 0 (a bool is no number here)."""
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and 0 <= value < float("inf")
+
+
+def error_line(err: BaseException) -> str:
+    """A Ray error on one line: its type and the first line of its text (Ray appends tracebacks)."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return f"{type(err).__name__}: {lines[0] if lines else ''}"
+
+
 def parse_resources(text: str, *, option: str = "--resources") -> dict[str, float]:
     """`{"GPU": 8, "h100": 1}` from the command line: a JSON object of resource names and amounts >= 0."""
     try:
@@ -68,7 +89,7 @@ def parse_resources(text: str, *, option: str = "--resources") -> dict[str, floa
     if not isinstance(value, dict) or not value:
         raise UsageError(f"{option} {text!r}: expected a JSON object of resource names and amounts, e.g. '{{\"GPU\": 8}}'")
     for name, amount in value.items():
-        if isinstance(amount, bool) or not isinstance(amount, (int, float)) or amount < 0:
+        if not is_amount(amount):
             raise UsageError(f"{option}: {name!r} must be a number >= 0, got {json.dumps(amount)}")
     return {name: float(amount) for name, amount in value.items()}
 
@@ -218,9 +239,7 @@ def as_completed(ray: Any, asked: dict[Any, dict[str, float]], console: Console)
                 try:
                     value = ray.get(ref)
                 except ray.exceptions.RayError as err:
-                    detail = str(err).strip().splitlines()
-                    yield ref, None, (f"the Ray task ended without a result "
-                                      f"({type(err).__name__}: {detail[0] if detail else ''})")
+                    yield ref, None, f"the Ray task ended without a result ({error_line(err)})"
                     continue
                 yield ref, value, None
     finally:

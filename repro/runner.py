@@ -210,6 +210,9 @@ class RunOptions(BaseModel):
     @field_validator("worker_resources", mode="before")
     @classmethod
     def _resources(cls, value: Any) -> Any:
+        # Imported here, not at start-up: only a Ray run has resources to check.
+        from repro.rayutil import is_amount
+
         if isinstance(value, str):
             try:
                 value = parse_json(value)
@@ -219,7 +222,7 @@ class RunOptions(BaseModel):
             if not isinstance(entry, dict) or not entry:
                 raise ValueError('expected a JSON object of Ray resources ({"CPU": 1, "loadgen": 1}) or a list of them')
             for name, amount in entry.items():
-                if isinstance(amount, bool) or not isinstance(amount, (int, float)) or not 0 <= amount < float("inf"):
+                if not is_amount(amount):
                     raise ValueError(f"resource {name!r}: expected a number of at least 0, got {amount!r}")
         return value
 
@@ -694,8 +697,8 @@ def execute_run(
 
 def _ray_transport(options: RunOptions, base_url: str, stack: contextlib.ExitStack) -> "Transport":
     """Connect to Ray for the run (disconnected when `stack` closes) and check the cluster can reach the target."""
-    from repro.rayshards import DEFAULT_RESOURCES, check_resources, check_target, ray_actors
-    from repro.rayutil import connected
+    from repro.rayshards import check_resources, check_target, ray_actors
+    from repro.rayutil import DEFAULT_RESOURCES, connected
 
     ray = stack.enter_context(connected(options.ray_address))
     check_target(ray, base_url)

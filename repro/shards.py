@@ -193,7 +193,6 @@ async def run_sharded(
 
     `on_placed` gets every worker's node as soon as all are up, before any session starts.
     """
-    start = time.perf_counter()
     interrupted = False
     async with (transport or local_processes)(workers) as links:
         pool = [_Worker(index, link) for index, link in enumerate(links)]

@@ -34,7 +34,6 @@ from repro.records import OutcomeCounts
 from repro.store import dump_json, make_run_dir, new_run_dir
 
 MAX_LEVELS = 32
-EXECUTORS = ("local", "ray")
 
 
 def _span(part: str) -> list[int]:
@@ -266,10 +265,14 @@ def ray_sweep(
 
     `resources` (JSON) wins over the spec's resources for its cell, which win over one CPU.
     """
-    from repro.rayutil import DEFAULT_RESOURCES, parse_resources, require_ray
+    from repro.rayutil import (
+        DEFAULT_RESOURCES,
+        check_executor,
+        parse_resources,
+        require_ray,
+    )
 
-    if executor not in EXECUTORS:
-        raise UsageError(f"--executor {executor!r}: expected one of {', '.join(EXECUTORS)}")
+    check_executor(executor)
     if executor == "local":
         if ray_address is not None or resources is not None:
             raise UsageError(f"{'--ray-address' if ray_address is not None else '--resources'} needs --executor ray")

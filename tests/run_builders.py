@@ -25,7 +25,7 @@ from repro.records import (
     TurnRecord,
 )
 from repro.runner import RunOptions, RunResult, execute_run
-from repro.store import RunWriter
+from repro.store import RunWriter, load_run
 
 SENTINEL = "｜DSML｜"
 LEAK = f'Let me check.\n\n<{SENTINEL}tool_calls>\n<{SENTINEL}invoke name="get_weather">'
@@ -151,3 +151,14 @@ def run(out: Path, *, report: bool = True, **options: Any) -> tuple[RunResult, s
         RunOptions.parse({"out": out, **options}), console=Console(file=screen, width=150), live=False, report=report
     )
     return result, screen.getvalue()
+
+
+def assert_every_shard_cut_short(out: Path, planned: int) -> None:
+    """A 2-worker run interrupted mid-load: its summary says so, and both workers' sessions in flight came back
+    (ids of both parities were cut short), each session recorded once."""
+    loaded = load_run(out)
+    assert loaded.summary is not None and loaded.summary.interrupted
+    outcomes = [s.outcome for s in loaded.sessions]
+    assert "interrupted" in outcomes and len(outcomes) < planned
+    assert {s.session_id % 2 for s in loaded.sessions if s.outcome == "interrupted"} == {0, 1}
+    assert len({s.session_id for s in loaded.sessions}) == len(outcomes)

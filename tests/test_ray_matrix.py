@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -12,24 +11,17 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
-from proc_helpers import marked_pids, wait_for
 import yaml
-
-from repro.rayutil import task_options
-from repro.errors import UsageError
-from repro.procs import free_port
+from proc_helpers import marked_pids, wait_for
+from ray_cluster import NODE_ARGS, ROOT, Cluster, repro, two_nodes
 from run_builders import run_main
+
+from repro.errors import UsageError
 from repro.matrix.spec import ResourcesSpec, SpecLoader, load_spec
+from repro.procs import free_port
+from repro.rayutil import task_options
 
-# A cluster bound to loopback only: without this, Ray resolves 127.0.0.1 to the machine's outward address.
-os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-ray = pytest.importorskip("ray")
-from ray.cluster_utils import Cluster  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
 SIM_SPEC = ROOT / "matrices" / "sim_hicache_bf16.yaml"
-REPRO = [sys.executable, "-c", "from repro.cli import main; main()"]
-NODE_ARGS = dict(num_cpus=1, object_store_memory=80 * 1024 * 1024, include_dashboard=False, node_ip_address="127.0.0.1")
 
 pytestmark = pytest.mark.slow
 
@@ -37,18 +29,9 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[tuple[Cluster, dict[str, str]]]:
     """Two Ray nodes on this machine, `node_a` (the head) and `node_b`, each with its own custom resource."""
-    # Health checks every 0.5 s: a killed node is known dead in seconds, not half a minute.
-    health = {"health_check_period_ms": 500, "health_check_failure_threshold": 3}
     # node_a takes both its runs at once; node_b one at a time, so a lost node_b leaves one of its runs
     # pending with no node to take it.
-    made = Cluster(initialize_head=True,
-                   head_node_args={**NODE_ARGS, "num_cpus": 2, "resources": {"node_a": 1}, "_system_config": health})
-    try:
-        worker = made.add_node(**NODE_ARGS, resources={"node_b": 1})
-        made.wait_for_nodes()
-        yield made, {"node_a": made.head_node.node_id, "node_b": worker.node_id}
-    finally:
-        made.shutdown()
+    yield from two_nodes(fast_health=True, num_cpus=2)
 
 
 def spec_file(tmp_path: Path, name: str, mark: str, **load: Any) -> Path:
@@ -62,11 +45,6 @@ def spec_file(tmp_path: Path, name: str, mark: str, **load: Any) -> Path:
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False), encoding="utf-8")
     return path
-
-
-def repro(args: list[str], log: Path) -> subprocess.Popen[bytes]:
-    with open(log, "wb") as out:
-        return subprocess.Popen([*REPRO, *args], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
 
 
 def test_resources_become_ray_task_options() -> None:

@@ -4,30 +4,21 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Iterator
 
 import pytest
+from faulty_servers import sessions_seen
 from proc_helpers import wait_for
+from ray_cluster import Cluster, repro, two_nodes
 from rich.console import Console
+from run_builders import assert_every_shard_cut_short, run_main
 
-from faulty_servers import sessions_seen, start_faulty_server
 from repro.errors import EXIT_INTERNAL, EXIT_INTERRUPTED
 from repro.rayshards import off_machine
 from repro.runner import RunOptions, execute_run
 from repro.store import load_run
-from run_builders import run_main
 
-# A cluster bound to loopback only: without this, Ray resolves 127.0.0.1 to the machine's outward address.
-os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-ray = pytest.importorskip("ray")
-from ray.cluster_utils import Cluster  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
-REPRO = [sys.executable, "-c", "from repro.cli import main; main()"]
-NODE_ARGS = dict(num_cpus=1, object_store_memory=80 * 1024 * 1024, include_dashboard=False, node_ip_address="127.0.0.1")
 PINNED = '[{"node_a": 1}, {"node_b": 1}]'
 """Worker 0 on node_a, worker 1 on node_b."""
 
@@ -37,28 +28,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[tuple[Cluster, dict[str, str]]]:
     """Two Ray nodes on this machine, `node_a` (the head) and `node_b`, each with its own custom resource."""
-    # Health checks every 0.5 s: a killed node is known dead in seconds, not half a minute.
-    health = {"health_check_period_ms": 500, "health_check_failure_threshold": 3}
-    made = Cluster(initialize_head=True,
-                   head_node_args={**NODE_ARGS, "resources": {"node_a": 1}, "_system_config": health})
-    try:
-        worker = made.add_node(**NODE_ARGS, resources={"node_b": 1})
-        made.wait_for_nodes()
-        yield made, {"node_a": made.head_node.node_id, "node_b": worker.node_id}
-    finally:
-        made.shutdown()
-
-
-@pytest.fixture(scope="module")
-def faulty(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    proc, root = start_faulty_server(tmp_path_factory.mktemp("faulty") / "server.log")
-    yield root
-    proc.stop()
-
-
-def repro(args: list[str], log: Path) -> subprocess.Popen[bytes]:
-    with open(log, "wb") as out:
-        return subprocess.Popen([*REPRO, *args], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+    yield from two_nodes(fast_health=True)
 
 
 def actor_pids() -> set[int]:
@@ -168,13 +138,7 @@ def test_sigint_stops_the_actors_and_keeps_every_session(
         if proc.poll() is None:
             proc.kill()
     wait_for(lambda: not actor_pids(), 30, "every actor process to end")
-    loaded = load_run(out)
-    assert loaded.summary is not None and loaded.summary.interrupted
-    outcomes = [s.outcome for s in loaded.sessions]
-    assert "interrupted" in outcomes and len(outcomes) < 12
-    # Both actors' sessions in flight came back: ids of both parities were cut short.
-    assert {s.session_id % 2 for s in loaded.sessions if s.outcome == "interrupted"} == {0, 1}
-    assert len({s.session_id for s in loaded.sessions}) == len(outcomes)
+    assert_every_shard_cut_short(out, 12)
 
 
 def test_a_lost_node_turns_its_sessions_in_flight_into_errors_and_the_run_ends(

@@ -4,29 +4,20 @@ loopback only): real `repro` processes, real Ray tasks launching real simulators
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 import uuid
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 from proc_helpers import marked_pids, wait_for
+from ray_cluster import Cluster, repro, two_nodes
 from run_builders import run_main
 
 from repro.bisect.simrepo import BUILD, DEPLOY, build_repo
 from repro.procs import free_port
 
-# A cluster bound to loopback only: without this, Ray resolves 127.0.0.1 to the machine's outward address.
-os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-ray = pytest.importorskip("ray")
-from ray.cluster_utils import Cluster  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
-REPRO = [sys.executable, "-c", "from repro.cli import main; main()"]
-NODE_ARGS = dict(num_cpus=1, object_store_memory=80 * 1024 * 1024, include_dashboard=False, node_ip_address="127.0.0.1")
 LOAD = ["--sessions", "16", "--turns", "14"]
 # Long sessions on a fast clock: HiCache with the bf16 index-K corrupts about half the sessions at 16 at once.
 COMMON = "--time-scale 0.05 --final-after-turns 10"
@@ -38,18 +29,7 @@ pytestmark = pytest.mark.slow
 def cluster() -> Iterator[tuple[Cluster, dict[str, str]]]:
     """Two Ray nodes on this machine with one CPU each: `node_a` (the head) and `node_b`, each with its own
     custom resource. Two one-CPU probes at once therefore run one on each node."""
-    made = Cluster(initialize_head=True, head_node_args={**NODE_ARGS, "resources": {"node_a": 1}})
-    try:
-        worker = made.add_node(**NODE_ARGS, resources={"node_b": 1})
-        made.wait_for_nodes()
-        yield made, {"node_a": made.head_node.node_id, "node_b": worker.node_id}
-    finally:
-        made.shutdown()
-
-
-def repro(args: list[str], log: Path) -> subprocess.Popen[bytes]:
-    with open(log, "wb") as out:
-        return subprocess.Popen([*REPRO, *args], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+    yield from two_nodes()
 
 
 def finish(proc: subprocess.Popen[bytes], log: Path, timeout: float) -> int:

@@ -12,12 +12,13 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import pytest
+from faulty_servers import sessions_seen, start_faulty_server
 from hypothesis import given
 from hypothesis import strategies as st
-from rich.console import Console
-
-from faulty_servers import sessions_seen, start_faulty_server
 from proc_helpers import marked_pids, wait_for
+from rich.console import Console
+from run_builders import assert_every_shard_cut_short
+
 from repro.errors import EXIT_INTERNAL, EXIT_INTERRUPTED
 from repro.runner import RunOptions, RunResult, execute_run
 from repro.shards import shard_sizes
@@ -109,13 +110,7 @@ def test_sigint_stops_the_workers_and_keeps_every_session(faulty: str, tmp_path:
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == EXIT_INTERRUPTED, err
     assert not _shard_pids(mark)
-    loaded = load_run(out)
-    assert loaded.summary is not None and loaded.summary.interrupted
-    outcomes = [s.outcome for s in loaded.sessions]
-    assert "interrupted" in outcomes and len(outcomes) < 12
-    # Both workers' sessions in flight came back: ids of both parities were cut short.
-    assert {s.session_id % 2 for s in loaded.sessions if s.outcome == "interrupted"} == {0, 1}
-    assert len({s.session_id for s in loaded.sessions}) == len(outcomes)
+    assert_every_shard_cut_short(out, 12)
 
 
 def test_a_lost_worker_costs_only_its_sessions_in_flight(faulty: str, tmp_path: Path) -> None:

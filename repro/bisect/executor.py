@@ -28,6 +28,7 @@ from repro.node import where
 from repro.rayutil import (
     DEFAULT_RESOURCES,
     as_completed,
+    check_executor,
     connected,
     pack,
     parse_resources,
@@ -36,8 +37,6 @@ from repro.rayutil import (
     submit,
     unpack,
 )
-
-EXECUTORS = ("local", "ray")
 
 
 @dataclass(frozen=True)
@@ -161,8 +160,7 @@ def probe_executor(
     `resources` (JSON) wins over `spec_resources` (a matrix spec's, for its cell), which wins over
     one CPU.
     """
-    if executor not in EXECUTORS:
-        raise UsageError(f"--executor {executor!r}: expected one of {', '.join(EXECUTORS)}")
+    check_executor(executor)
     if parallel < 1:
         raise UsageError(f"--parallel must be at least 1, got {parallel}")
     if executor == "local":

@@ -47,6 +47,7 @@ from repro.matrix.report import write_reports
 from repro.matrix.spec import MatrixSpec, load_spec
 from repro.node import where
 from repro.procs import PortTakenError, one_line
+from repro.rayutil import check_executor
 from repro.records import Summary
 from repro.store import SUMMARY, dump_json, slug
 
@@ -57,7 +58,6 @@ MATRIX_JSON = "matrix.json"
 CELLS = "cells"
 LOGS = "logs"
 Executor = Literal["local", "ray"]
-EXECUTORS = ("local", "ray")
 PORT_ATTEMPTS = 3
 """Launches of a run whose `auto` port another process took between its choice and the bind."""
 
@@ -429,8 +429,7 @@ def run_matrix(
     ray_address: str | None = None,
 ) -> MatrixResult:
     """`repro matrix`: load the spec, run (or resume) every cell, analyse, write matrix.json and the reports."""
-    if executor not in EXECUTORS:
-        raise UsageError(f"--executor {executor!r}: expected one of {', '.join(EXECUTORS)}")
+    check_executor(executor)
     if ray_address is not None and executor != "ray":
         raise UsageError("--ray-address needs --executor ray")
     if executor == "ray":
@@ -450,7 +449,7 @@ def run_matrix(
         keep_going=keep_going,
         cell_reports=cell_reports,
         console=console,
-        executor=executor,  # type: ignore[arg-type]  # checked against EXECUTORS above
+        executor=executor,  # type: ignore[arg-type]  # checked by check_executor above
         ray_address=ray_address,
     )
     # SIGTERM (a CI job cancelled, `kill`) tears down like Ctrl-C: servers run in their own process groups
