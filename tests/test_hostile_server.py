@@ -61,6 +61,37 @@ def test_parse_json_accepts_exactly_what_nests_within_the_bound(depth: int, leaf
             parse_json(text.encode() if as_bytes else text)
 
 
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(st.characters(exclude_categories=())),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+def _outcome(parse: object, data: str | bytes) -> tuple[str, object]:
+    try:
+        return "value", repr(parse(data))  # repr: NaN is not equal to itself
+    except (ValueError, RecursionError) as err:
+        return type(err).__name__, str(err)
+
+
+@given(
+    value=_json_values,
+    encoding=st.sampled_from([None, "utf-8", "utf-16-le", "utf-32-be"]),
+    damage=st.sampled_from(["", " ", "}", "x", "\x00", "\n", ",1", "\udc80"]),
+    at_end=st.booleans(),
+)
+@example(value={"a": 1}, encoding="utf-8", damage="\x00", at_end=False)
+@example(value=[1], encoding="utf-8", damage="}", at_end=True)
+@example(value={"a": 1}, encoding=None, damage="\udc80", at_end=True)
+def test_parse_json_gives_json_loads_values_and_errors(value: object, encoding: str | None, damage: str, at_end: bool) -> None:
+    """Streamed events take a shortcut past json.loads' Python layers; whatever the text, the answer is json.loads'."""
+    text = json.dumps(value, ensure_ascii=False)
+    text = text + damage if at_end else damage + text
+    data: str | bytes = text if encoding is None else text.encode(encoding, "surrogatepass")
+    assert _outcome(parse_json, data) == _outcome(json.loads, data)
+
+
 @given(st.text(st.characters(exclude_categories=())))  # surrogates included
 @example("a\ud800b\udfff")
 def test_scrubbed_text_is_always_utf8_and_unchanged_when_it_already_was(text: str) -> None:
