@@ -1,7 +1,8 @@
 """Ray for repro's executors: is it installed, is the cluster there, connect, ask for resources, node
 facts; and for those whose unit of work is one task (a matrix run, a bisect probe, a sweep): running a
-task in a scratch directory whose files go back to the driver as one archive, waiting for tasks as
-they end (failing those no live node can take), and cancelling them.
+task in a scratch directory whose files go back to the driver as archives, waiting for tasks as
+they end (failing those no live node can take), taking what a generator task yields as it comes, and
+cancelling them.
 
 Shared by `repro matrix --executor ray` (repro.matrix.ray_executor), `repro run --executor ray`
 (repro.rayshards), `repro bisect --executor ray` (repro.bisect.executor) and `repro sweep --executor
@@ -246,6 +247,39 @@ def as_completed(ray: Any, asked: dict[Any, dict[str, float]], console: Console)
         cancel(ray, list(out), console)
 
 
+def streamed(ray: Any, task: Any, resources: dict[str, float], console: Console) -> Iterator[tuple[Any, str | None]]:
+    """`(value, None)` for each value a generator task (`submit` of a generator function) yields, as it
+    comes; then, when the task ended before it finished (its node or worker died) or no live node can
+    take it, one `(None, why)`. Leaving early (Ctrl-C, an error, `close()`) cancels the task."""
+    waiting: dict[Any, float] = {}
+    ended = False
+    try:
+        while True:
+            ready, _ = ray.wait([task], num_returns=1, timeout=1.0)
+            if not ready:
+                if _unplaceable(ray, {task: resources}, [], waiting):
+                    ended = True
+                    ray.cancel(task, force=False)
+                    yield None, f"no live node of the cluster has the resources asked for, for {UNPLACEABLE_AFTER_S:g}s"
+                    return
+                continue
+            try:
+                ref = next(task)
+            except StopIteration:
+                ended = True
+                return
+            try:
+                value = ray.get(ref)
+            except ray.exceptions.RayError as err:
+                ended = True
+                yield None, f"the Ray task ended before it finished ({error_line(err)})"
+                return
+            yield value, None
+    finally:
+        if not ended:
+            cancel(ray, [task], console)
+
+
 def cancel(ray: Any, refs: list[Any], console: Console) -> None:
     """Stop the tasks still out: Ctrl-C in each (its deployment stops), then force after CANCEL_GRACE_S."""
     if not refs:
@@ -253,9 +287,11 @@ def cancel(ray: Any, refs: list[Any], console: Console) -> None:
     console.print(Text(f"cancelling {len(refs)} Ray task(s)"))
     for ref in refs:
         ray.cancel(ref, force=False)
+    # A generator task is "ready" while it has values to take; only its completion says it has stopped.
+    ends = {ref.completed() if isinstance(ref, ray.ObjectRefGenerator) else ref: ref for ref in refs}
     deadline = time.monotonic() + CANCEL_GRACE_S
-    left = refs
+    left = list(ends)
     while left and time.monotonic() < deadline:
         _, left = ray.wait(left, num_returns=len(left), timeout=0.5)
-    for ref in left:
-        ray.cancel(ref, force=True)
+    for end in left:
+        ray.cancel(ends[end], force=True)

@@ -10,8 +10,9 @@ Results go to sweep.json, sweep.md and sweep.html (escaped like every report).
 
 With `--executor ray` the whole sweep (the deployment and every level in turn) is one Ray task
 placed by the resources it asks for: the levels share one server instance on one node, so the
-hardware cannot be confounded with the concurrency. The task's directory comes back to the driver as
-one archive; its node is recorded in sweep.json and shown in the reports.
+hardware cannot be confounded with the concurrency. Each level's run directory comes back to the
+driver as it ends (a sweep cut short keeps its finished levels, as locally); the task's node is
+recorded in sweep.json and shown in the reports.
 """
 
 from __future__ import annotations
@@ -294,11 +295,11 @@ def ray_sweep(
 def _measure(
     levels: list[int], base: dict[str, Any], base_url: str | None, sim_args: list[str], spec: SpecDeployment | None,
     out: Path, console: Console, confidence: float,
-) -> tuple[list[LevelResult], str]:
-    """Start the deployment, run every level against it in turn (control first), stop it: the levels and the target."""
+) -> Iterator[tuple[LevelResult, str]]:
+    """Start the deployment, run every level against it in turn (control first), stop it: each level's
+    result and the target, as the level ends."""
     from repro.runner import RunOptions, execute_run
 
-    results: list[LevelResult] = []
     with _deployment(base_url, sim_args, spec, out, console) as (url, target):
         for concurrency in levels:
             run_dir = out / f"c{concurrency:03d}"
@@ -309,54 +310,86 @@ def _measure(
             if run.summary.interrupted:
                 raise ReproError(f"sweep interrupted at concurrency {concurrency}; the finished levels' runs are "
                                  f"kept in {out}", exit_code=EXIT_INTERRUPTED)
-            results.append(level_result(concurrency, run_dir, confidence))
-            level = results[-1]
+            level = level_result(concurrency, run_dir, confidence)
             say(console, f"sweep: concurrency {concurrency}: {level.corrupt} of {level.corrupt + level.clean} "
                          f"completed corrupt, {level.timeout} timed out")
-    return results, target
+            yield level, target
+
+
+def _kept(results: list[LevelResult], out: Path) -> str:
+    return f"the finished levels' runs are kept in {out}" if results else "no level had finished"
 
 
 def _sweep_task(
     levels: list[int], base: dict[str, Any], sim_args: list[str], spec: SpecDeployment | None, confidence: float
-) -> tuple[list[LevelResult], str, str, dict[str, str], bytes] | ReproError:
-    """In the Ray worker: the whole sweep in a scratch directory; (levels, target, printed text, node,
-    tar.gz of the directory), or the ReproError it stopped with (the driver raises it)."""
+) -> Iterator[tuple[Any, ...]]:
+    """In the Ray worker: the whole sweep in a scratch directory, sent back as it goes, so a sweep cut
+    short keeps its finished levels: `("level", result, target, printed text, tar.gz of its run
+    directory)` as each level ends, then `("end", node, printed text, tar.gz of the rest)` (the
+    deployment's logs), or `("error", the ReproError it stopped with, printed text, tar.gz of the rest)`."""
     from repro.rayutil import captured, pack, printed, scratch
 
     with scratch("repro-sweep-") as path:
         console, screen = captured()
+        sent: set[str] = set()
+
+        def news() -> str:
+            text = printed(screen, path)
+            screen.seek(0)
+            screen.truncate()
+            return text
+
+        def rest() -> bytes:
+            return pack(path, tuple(sorted(entry.name for entry in path.iterdir() if entry.name not in sent)))
+
         try:
-            results, target = _measure(levels, base, None, sim_args, spec, path, console, confidence)
+            for level, target in _measure(levels, base, None, sim_args, spec, path, console, confidence):
+                sent.add(level.run_dir)
+                yield "level", level, target, news(), pack(path, (level.run_dir,))
         except ReproError as err:
-            return err
-        return results, target, printed(screen, path), where(), pack(path)
+            yield "error", err, news(), rest()
+            return
+        yield "end", where(), news(), rest()
 
 
 def _on_ray(
     placement: RaySweep, levels: list[int], base: dict[str, Any], sim_args: list[str], spec: SpecDeployment | None,
     out: Path, console: Console, confidence: float,
 ) -> tuple[list[LevelResult], str, dict[str, str]]:
-    """The sweep as one Ray task; its directory unpacked into `out`. A lost task is a TargetError (exit 3)."""
-    from repro.rayutil import as_completed, connected, replay, submit, unpack
+    """The sweep as one Ray task, each level unpacked into `out` as it ends. A lost task is a TargetError
+    (exit 3) and Ctrl-C a ReproError (exit 130), both keeping the finished levels."""
+    from repro.rayutil import connected, replay, streamed, submit, unpack
 
     if base.get("workload"):  # a Ray worker does not run in this directory
         base = {**base, "workload": str(Path(base["workload"]).resolve())}
     if spec is not None:
         spec = SpecDeployment(spec.spec.resolve(), spec.cell, spec.variables)
+    results: list[LevelResult] = []
+    target, node = "", {}
     with connected(placement.address) as ray:
-        ref = submit(ray, _sweep_task, placement.resources, f"repro-sweep-{out.name}", levels, base, sim_args, spec,
-                     confidence)
+        task = submit(ray, _sweep_task, placement.resources, f"repro-sweep-{out.name}", levels, base, sim_args, spec,
+                      confidence)
         say(console, f"sweep: submitted to the Ray cluster as one task asking for {placement.resources} "
-                     "(its lines are shown when it ends)")
-        with contextlib.closing(as_completed(ray, {ref: placement.resources}, console)) as ended:
-            [(_, value, why)] = ended  # one task, one end
-    if why is not None:
-        raise TargetError(f"the sweep's {why}; resources {placement.resources}; no level was kept")
-    if isinstance(value, ReproError):
-        raise value
-    results, target, text, node, archive = value
-    unpack(archive, out)
-    replay(console, text, out)
+                     "(its lines are shown as each level ends)")
+        try:
+            with contextlib.closing(streamed(ray, task, placement.resources, console)) as items:
+                for value, why in items:
+                    if why is not None:
+                        raise TargetError(f"sweep stopped: {why}; resources {placement.resources}; {_kept(results, out)}")
+                    kind, outcome, *sent = value
+                    if kind == "level":
+                        results.append(outcome)
+                        target = sent[0]
+                    text, archive = sent[-2:]
+                    unpack(archive, out)
+                    replay(console, text, out)
+                    if kind == "error":
+                        raise outcome
+                    if kind == "end":
+                        node = outcome
+        except KeyboardInterrupt:
+            at = f"at concurrency {levels[len(results)]}" if len(results) < len(levels) else "after its last level"
+            raise ReproError(f"sweep interrupted {at}; {_kept(results, out)}", exit_code=EXIT_INTERRUPTED) from None
     return results, target, node
 
 
@@ -392,8 +425,8 @@ def run_sweep(
         make_run_dir(out)
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     if placement is None:
-        results, target = _measure(levels, base, base_url, list(sim_args), spec, out, console, confidence)
-        node = where()
+        measured = list(_measure(levels, base, base_url, list(sim_args), spec, out, console, confidence))
+        results, target, node = [level for level, _ in measured], measured[-1][1], where()
     else:
         results, target, node = _on_ray(placement, levels, base, list(sim_args), spec, out, console, confidence)
     judged, onset, curve, conclusion = analyse(results, confidence=confidence)

@@ -173,3 +173,54 @@ def test_sweep_on_a_node_finds_the_local_onset(cluster: tuple[Cluster, dict[str,
     assert {m["node"]["ray_node_id"] for m in manifests} == {nodes["node_b"]}
     assert nodes["node_b"] in (tmp_path / "ray" / "sweep.md").read_text()
     assert "sweep: concurrency 16: 16 sessions" in (tmp_path / "ray.log").read_text()
+
+
+def _pids_running_with(argument: str) -> set[int]:
+    """Processes with `argument` among their command-line arguments (on any node of the one-machine cluster)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if argument.encode() in (entry / "cmdline").read_bytes().split(b"\0"):
+                    found.add(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def test_sweep_cut_short_keeps_the_levels_that_came_back(cluster: tuple[Cluster, dict[str, str]], tmp_path: Path) -> None:
+    made, nodes = cluster
+    seed = str(10**9 + uuid.uuid4().int % 10**9)  # this sweep's simulator, told apart by its command line
+    out = tmp_path / "sweep"
+    # Real-time sessions: the control level takes ~15 s, and the next two together about as long again.
+    proc = repro(["sweep", "--concurrency", "1,2,4", "--sessions", "4", "--out", str(out), "--executor", "ray",
+                  "--ray-address", made.address, "--resources", '{"node_b": 1}',
+                  "--sim-args", f"--time-scale 1 --final-after-turns 3 --seed {seed}"], tmp_path / "log")
+    try:
+        wait_for(lambda: (out / "c001" / "summary.json").exists() or proc.poll() is not None, 180,
+                 "the control level to come back from the node")
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=120) == 130, (tmp_path / "log").read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    log = (tmp_path / "log").read_text()
+    assert f"sweep interrupted at concurrency 2; the finished levels' runs are kept in {out}" in log, log[-3000:]
+    assert "cancelling 1 Ray task(s)" in log and "Traceback" not in log
+    # The control level is whole, from the node; the level cut short stayed in the task's scratch directory.
+    assert len((out / "c001" / "sessions.jsonl").read_text().splitlines()) == 4
+    assert json.loads((out / "c001" / "manifest.json").read_text())["node"]["ray_node_id"] == nodes["node_b"]
+    assert not (out / "c002").exists() and not (out / "sweep.json").exists()
+    wait_for(lambda: not _pids_running_with(seed), 30, "the sweep's simulator to end")
+
+
+def test_sweep_no_node_can_take_fails_in_one_line(cluster: tuple[Cluster, dict[str, str]], tmp_path: Path) -> None:
+    made, _ = cluster
+    out = tmp_path / "sweep"
+    proc = repro(["sweep", "--concurrency", "1,2", "--sessions", "2", "--out", str(out), "--executor", "ray",
+                  "--ray-address", made.address, "--resources", '{"nowhere": 1}'], tmp_path / "log")
+    assert finish(proc, tmp_path / "log", 120) == 3
+    log = (tmp_path / "log").read_text()
+    assert ("sweep stopped: no live node of the cluster has the resources asked for, for 10s; resources "
+            "{'nowhere': 1.0}; no level had finished") in log, log[-3000:]
+    assert "Traceback" not in log and not (out / "sweep.json").exists()
