@@ -28,8 +28,9 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[tuple[Cluster, dict[str, str]]]:
     """Two Ray nodes on this machine with one CPU each: `node_a` (the head) and `node_b`, each with its own
-    custom resource. Two one-CPU probes at once therefore run one on each node."""
-    yield from two_nodes()
+    custom resource. Two one-CPU probes at once therefore run one on each node. Fast health checks: the
+    last test kills node_b."""
+    yield from two_nodes(fast_health=True)
 
 
 def finish(proc: subprocess.Popen[bytes], log: Path, timeout: float) -> int:
@@ -188,17 +189,30 @@ def _pids_running_with(argument: str) -> set[int]:
     return found
 
 
+def _slow_sweep_on_node_b(made: Cluster, seed: str, out: Path, log: Path) -> subprocess.Popen[bytes]:
+    """A 3-level sweep pinned to node_b, returned once its control level is back on the driver."""
+    # Real-time sessions: the control level takes ~15 s, and the next two together about as long again.
+    proc = repro(["sweep", "--concurrency", "1,2,4", "--sessions", "4", "--out", str(out), "--executor", "ray",
+                  "--ray-address", made.address, "--resources", '{"node_b": 1}',
+                  "--sim-args", f"--time-scale 1 --final-after-turns 3 --seed {seed}"], log)
+    wait_for(lambda: (out / "c001" / "summary.json").exists() or proc.poll() is not None, 180,
+             "the control level to come back from the node")
+    return proc
+
+
+def _control_level_kept(out: Path, node: str) -> None:
+    """The control level is whole, from `node`; the level cut short stayed in the task's scratch directory."""
+    assert len((out / "c001" / "sessions.jsonl").read_text().splitlines()) == 4
+    assert json.loads((out / "c001" / "manifest.json").read_text())["node"]["ray_node_id"] == node
+    assert not (out / "c002").exists() and not (out / "sweep.json").exists()
+
+
 def test_sweep_cut_short_keeps_the_levels_that_came_back(cluster: tuple[Cluster, dict[str, str]], tmp_path: Path) -> None:
     made, nodes = cluster
     seed = str(10**9 + uuid.uuid4().int % 10**9)  # this sweep's simulator, told apart by its command line
     out = tmp_path / "sweep"
-    # Real-time sessions: the control level takes ~15 s, and the next two together about as long again.
-    proc = repro(["sweep", "--concurrency", "1,2,4", "--sessions", "4", "--out", str(out), "--executor", "ray",
-                  "--ray-address", made.address, "--resources", '{"node_b": 1}',
-                  "--sim-args", f"--time-scale 1 --final-after-turns 3 --seed {seed}"], tmp_path / "log")
+    proc = _slow_sweep_on_node_b(made, seed, out, tmp_path / "log")
     try:
-        wait_for(lambda: (out / "c001" / "summary.json").exists() or proc.poll() is not None, 180,
-                 "the control level to come back from the node")
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=120) == 130, (tmp_path / "log").read_text()[-3000:]
     finally:
@@ -207,10 +221,7 @@ def test_sweep_cut_short_keeps_the_levels_that_came_back(cluster: tuple[Cluster,
     log = (tmp_path / "log").read_text()
     assert f"sweep interrupted at concurrency 2; the finished levels' runs are kept in {out}" in log, log[-3000:]
     assert "cancelling 1 Ray task(s)" in log and "Traceback" not in log
-    # The control level is whole, from the node; the level cut short stayed in the task's scratch directory.
-    assert len((out / "c001" / "sessions.jsonl").read_text().splitlines()) == 4
-    assert json.loads((out / "c001" / "manifest.json").read_text())["node"]["ray_node_id"] == nodes["node_b"]
-    assert not (out / "c002").exists() and not (out / "sweep.json").exists()
+    _control_level_kept(out, nodes["node_b"])
     wait_for(lambda: not _pids_running_with(seed), 30, "the sweep's simulator to end")
 
 
@@ -224,3 +235,24 @@ def test_sweep_no_node_can_take_fails_in_one_line(cluster: tuple[Cluster, dict[s
     assert ("sweep stopped: no live node of the cluster has the resources asked for, for 10s; resources "
             "{'nowhere': 1.0}; no level had finished") in log, log[-3000:]
     assert "Traceback" not in log and not (out / "sweep.json").exists()
+
+
+def test_sweep_on_a_lost_node_keeps_the_levels_that_came_back(cluster: tuple[Cluster, dict[str, str]], tmp_path: Path) -> None:
+    # Last in the module: it kills node_b.
+    made, nodes = cluster
+    seed = str(10**9 + uuid.uuid4().int % 10**9)
+    out = tmp_path / "sweep"
+    proc = _slow_sweep_on_node_b(made, seed, out, tmp_path / "log")
+    try:
+        (worker,) = made.worker_nodes
+        made.remove_node(worker, allow_graceful=False)
+        assert proc.wait(timeout=120) == 3, (tmp_path / "log").read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=60)
+    log = (tmp_path / "log").read_text()
+    assert "sweep stopped: the Ray task ended before it finished (" in log, log[-3000:]
+    assert f"the finished levels' runs are kept in {out}" in log and "Traceback" not in log
+    _control_level_kept(out, nodes["node_b"])
+    wait_for(lambda: not _pids_running_with(seed), 30, "the sweep's simulator to end with its node")
