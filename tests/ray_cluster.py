@@ -5,12 +5,14 @@ pinned to either; and a `repro` command started as a real process with its outpu
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import pytest
+from proc_helpers import wait_for
 
 # A cluster bound to loopback only: without this, Ray resolves 127.0.0.1 to the machine's outward address.
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
@@ -42,3 +44,17 @@ def repro(args: list[str], log: Path) -> subprocess.Popen[bytes]:
     """`repro ARGS` as a process of its own (run from the project root), stdout and stderr into `log`."""
     with open(log, "wb") as out:
         return subprocess.Popen([*REPRO, *args], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+
+
+def lose_node_b(made: Cluster, proc: subprocess.Popen[bytes], ready: Callable[[], bool], what: str, timeout: float) -> int:
+    """Once `ready()` (`what`, waited for up to 180 s), kill node_b (no grace) while `proc` runs: `proc`'s
+    exit code within `timeout` seconds. A `proc` still running when this fails gets a SIGINT."""
+    try:
+        wait_for(lambda: ready() or proc.poll() is not None, 180, what)
+        (worker,) = made.worker_nodes
+        made.remove_node(worker, allow_graceful=False)
+        return proc.wait(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=120)

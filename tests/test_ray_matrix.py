@@ -13,7 +13,7 @@ from typing import Any, Iterator
 import pytest
 import yaml
 from proc_helpers import marked_pids, wait_for
-from ray_cluster import NODE_ARGS, ROOT, Cluster, repro, two_nodes
+from ray_cluster import NODE_ARGS, ROOT, Cluster, lose_node_b, repro, two_nodes
 from run_builders import run_main
 
 from repro.errors import UsageError
@@ -176,15 +176,8 @@ def test_a_lost_node_fails_only_its_runs_and_resume_completes_them(
     args = ["matrix", str(spec), "--out", str(matrix), "--no-cell-reports", "--keep-going",
             "--executor", "ray", "--ray-address", made.address]
     proc = repro(args, tmp_path / "m.log")
-    try:
-        wait_for(lambda: len(marked_pids(mark)) >= 2, 120, "a server on each node")
-        (worker,) = made.worker_nodes
-        made.remove_node(worker, allow_graceful=False)
-        assert proc.wait(timeout=240) == 3, (tmp_path / "m.log").read_text()[-3000:]
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            proc.wait(timeout=120)
+    code = lose_node_b(made, proc, lambda: len(marked_pids(mark)) >= 2, "a server on each node", 240)
+    assert code == 3, (tmp_path / "m.log").read_text()[-3000:]
     records = [json.loads(line) for line in (matrix / "progress.jsonl").read_text().splitlines()]
     by_status = {r["key"]: r["status"] for r in records}
     assert {k for k, s in by_status.items() if s == "failed"} == {k for k in by_status if k.startswith("hicache-on")}

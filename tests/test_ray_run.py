@@ -10,7 +10,7 @@ from typing import Iterator
 import pytest
 from faulty_servers import sessions_seen
 from proc_helpers import wait_for
-from ray_cluster import Cluster, repro, two_nodes
+from ray_cluster import Cluster, lose_node_b, repro, two_nodes
 from rich.console import Console
 from run_builders import assert_every_shard_cut_short, run_main
 
@@ -151,15 +151,8 @@ def test_a_lost_node_turns_its_sessions_in_flight_into_errors_and_the_run_ends(
     proc = repro(["run", "--base-url", f"{faulty}/{mode}/v1", "--sessions", "8", "--turns", "4",
                   "--workers", "2", "--executor", "ray", "--ray-address", made.address,
                   "--worker-resources", PINNED, "--out", str(out)], tmp_path / "run.log")
-    try:
-        wait_for(lambda: len(sessions_seen(faulty, mode)) == 8, 120, "every session to send its first turn")
-        (worker,) = made.worker_nodes
-        made.remove_node(worker, allow_graceful=False)
-        assert proc.wait(timeout=120) == EXIT_INTERNAL, (tmp_path / "run.log").read_text()[-3000:]
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            proc.wait(timeout=60)
+    code = lose_node_b(made, proc, lambda: len(sessions_seen(faulty, mode)) == 8, "every session's first turn", 120)
+    assert code == EXIT_INTERNAL, (tmp_path / "run.log").read_text()[-3000:]
     log = (tmp_path / "run.log").read_text()
     assert "run incomplete: 1 of 2 workers lost (worker 1 (" in log, log[-3000:]
     loaded = load_run(out)

@@ -12,7 +12,7 @@ from typing import Iterator
 
 import pytest
 from proc_helpers import marked_pids, wait_for
-from ray_cluster import Cluster, repro, two_nodes
+from ray_cluster import Cluster, lose_node_b, repro, two_nodes
 from run_builders import run_main
 
 from repro.bisect.simrepo import BUILD, DEPLOY, build_repo
@@ -190,14 +190,15 @@ def _pids_running_with(argument: str) -> set[int]:
 
 
 def _slow_sweep_on_node_b(made: Cluster, seed: str, out: Path, log: Path) -> subprocess.Popen[bytes]:
-    """A 3-level sweep pinned to node_b, returned once its control level is back on the driver."""
-    # Real-time sessions: the control level takes ~15 s, and the next two together about as long again.
-    proc = repro(["sweep", "--concurrency", "1,2,4", "--sessions", "4", "--out", str(out), "--executor", "ray",
+    """A 3-level sweep pinned to node_b; its control level takes ~15 s (real-time sessions), the next two
+    together about as long again."""
+    return repro(["sweep", "--concurrency", "1,2,4", "--sessions", "4", "--out", str(out), "--executor", "ray",
                   "--ray-address", made.address, "--resources", '{"node_b": 1}',
                   "--sim-args", f"--time-scale 1 --final-after-turns 3 --seed {seed}"], log)
-    wait_for(lambda: (out / "c001" / "summary.json").exists() or proc.poll() is not None, 180,
-             "the control level to come back from the node")
-    return proc
+
+
+def _control_level_back(out: Path) -> bool:
+    return (out / "c001" / "summary.json").exists()
 
 
 def _control_level_kept(out: Path, node: str) -> None:
@@ -213,6 +214,7 @@ def test_sweep_cut_short_keeps_the_levels_that_came_back(cluster: tuple[Cluster,
     out = tmp_path / "sweep"
     proc = _slow_sweep_on_node_b(made, seed, out, tmp_path / "log")
     try:
+        wait_for(lambda: _control_level_back(out) or proc.poll() is not None, 180, "the control level to come back")
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=120) == 130, (tmp_path / "log").read_text()[-3000:]
     finally:
@@ -243,14 +245,8 @@ def test_sweep_on_a_lost_node_keeps_the_levels_that_came_back(cluster: tuple[Clu
     seed = str(10**9 + uuid.uuid4().int % 10**9)
     out = tmp_path / "sweep"
     proc = _slow_sweep_on_node_b(made, seed, out, tmp_path / "log")
-    try:
-        (worker,) = made.worker_nodes
-        made.remove_node(worker, allow_graceful=False)
-        assert proc.wait(timeout=120) == 3, (tmp_path / "log").read_text()[-3000:]
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            proc.wait(timeout=60)
+    code = lose_node_b(made, proc, lambda: _control_level_back(out), "the control level to come back", 120)
+    assert code == 3, (tmp_path / "log").read_text()[-3000:]
     log = (tmp_path / "log").read_text()
     assert "sweep stopped: the Ray task ended before it finished (" in log, log[-3000:]
     assert f"the finished levels' runs are kept in {out}" in log and "Traceback" not in log
