@@ -366,6 +366,7 @@ def _on_ray(
         spec = SpecDeployment(spec.spec.resolve(), spec.cell, spec.variables)
     results: list[LevelResult] = []
     target, node = "", {}
+    failure: ReproError | None = None
     with connected(placement.address) as ray:
         task = submit(ray, _sweep_task, placement.resources, f"repro-sweep-{out.name}", levels, base, sim_args, spec,
                       confidence)
@@ -384,12 +385,14 @@ def _on_ray(
                     unpack(archive, out)
                     replay(console, text, out)
                     if kind == "error":
-                        raise outcome
-                    if kind == "end":
+                        failure = outcome  # raised once the task has ended: it is not one to cancel
+                    elif kind == "end":
                         node = outcome
         except KeyboardInterrupt:
             at = f"at concurrency {levels[len(results)]}" if len(results) < len(levels) else "after its last level"
             raise ReproError(f"sweep interrupted {at}; {_kept(results, out)}", exit_code=EXIT_INTERRUPTED) from None
+    if failure is not None:
+        raise failure
     return results, target, node
 
 
