@@ -86,21 +86,28 @@ def one(workers: int, sessions: int, ramp_up: float, args: argparse.Namespace, r
         print(f"  {count} x {error}")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", default="1:2000,2:2000,2:4000",
-                        help="WORKERS:SESSIONS[:RAMP_UP] levels (RAMP_UP defaults to --ramp-up).")
+def add_stream_options(parser: argparse.ArgumentParser, runs: str) -> None:
+    """The levels (`--runs`, default `runs`) and the shape of the paced streams, as both load benchmarks take them."""
+    parser.add_argument("--runs", default=runs, help="WORKERS:SESSIONS[:RAMP_UP] levels (RAMP_UP defaults to --ramp-up).")
     parser.add_argument("--turns", type=int, default=3)
     parser.add_argument("--ttft", type=float, default=2.0)
     parser.add_argument("--chunks", type=int, default=32)
     parser.add_argument("--interval", type=float, default=0.25)
     parser.add_argument("--ramp-up", type=float, default=5.0)
+
+
+def levels(args: argparse.Namespace) -> list[tuple[int, int, float]]:
+    """(workers, sessions, ramp-up) of each level of `--runs`."""
+    return [(int(fields[0]), int(fields[1]), float(fields[2]) if len(fields) > 2 else args.ramp_up)
+            for fields in (level.split(":") for level in args.runs.split(","))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_stream_options(parser, "1:2000,2:2000,2:4000")
     parser.add_argument("--quick", action="store_true", help="Small numbers, to check that the script runs.")
     args = parser.parse_args()
-    runs = [(1, 40, args.ramp_up), (2, 40, args.ramp_up)] if args.quick else [
-        (int(fields[0]), int(fields[1]), float(fields[2]) if len(fields) > 2 else args.ramp_up)
-        for fields in (level.split(":") for level in args.runs.split(","))
-    ]
+    runs = [(1, 40, args.ramp_up), (2, 40, args.ramp_up)] if args.quick else levels(args)
     ensure_open_files(max(sessions for _, sessions, _ in runs))
     with tempfile.TemporaryDirectory(prefix="bench-workers-") as root:
         for workers, sessions, ramp_up in runs:

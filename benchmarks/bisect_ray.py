@@ -14,33 +14,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 
-os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # keep Ray on loopback (docs/cluster.md)
-
-from ray.cluster_utils import Cluster  # noqa: E402
-
-from repro.bisect.simrepo import BUILD, DEPLOY, build_repo  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
-NODE = dict(num_cpus=1, object_store_memory=80 * 1024 * 1024, include_dashboard=False, node_ip_address="127.0.0.1")
+from ray_bench import timed_repro, two_nodes
+from repro.bisect.simrepo import BUILD, DEPLOY, build_repo
 
 
 def bisect(repo: Path, good: str, out: Path, sessions: int, *extra: str) -> float:
-    start = time.perf_counter()
-    with open(out.with_suffix(".log"), "wb") as log:
-        command = [sys.executable, "-c", "from repro.cli import main; main()", "bisect", "commits", "--repo", str(repo),
-                   "--good", good, "--bad", "main", "--build", BUILD, "--deploy", DEPLOY, "--sessions", str(sessions),
-                   "--turns", "14", "--out", str(out), *extra]
-        code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT).returncode
-    if code != 0:
-        raise SystemExit(f"bisect {out.name} exited {code}; see {out.with_suffix('.log')}")
-    return time.perf_counter() - start
+    return timed_repro(out, "bisect", "commits", "--repo", str(repo), "--good", good, "--bad", "main", "--build", BUILD,
+                       "--deploy", DEPLOY, "--sessions", str(sessions), "--turns", "14", "--out", str(out), *extra)
 
 
 def main() -> None:
@@ -54,18 +37,13 @@ def main() -> None:
         root = args.keep or Path(tmp)
         root.mkdir(parents=True, exist_ok=True)
         shas = build_repo(root / "repo", commits=args.commits, culprit=args.culprit)
-        cluster = Cluster(initialize_head=True, head_node_args=NODE)
-        try:
-            cluster.add_node(**NODE)
-            cluster.wait_for_nodes()
+        with two_nodes() as cluster:
             ray = ["--executor", "ray", "--ray-address", cluster.address]
             runs = {
                 "local": bisect(root / "repo", shas[0], root / "local", args.sessions),
                 "ray --parallel 1": bisect(root / "repo", shas[0], root / "ray1", args.sessions, *ray),
                 "ray --parallel 2": bisect(root / "repo", shas[0], root / "ray2", args.sessions, *ray, "--parallel", "2"),
             }
-        finally:
-            cluster.shutdown()
         print(f"{args.commits} simulator versions, culprit {args.culprit}, {args.sessions} sessions a round")
         for (name, wall), folder in zip(runs.items(), ("local", "ray1", "ray2")):
             state = json.loads((root / folder / "bisect.json").read_text())

@@ -12,34 +12,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 
 import yaml
 
-os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # keep Ray on loopback (docs/cluster.md)
-
-from ray.cluster_utils import Cluster  # noqa: E402
-
-from repro.matrix.spec import SpecLoader  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
-NODE = dict(num_cpus=1, object_store_memory=80 * 1024 * 1024, include_dashboard=False, node_ip_address="127.0.0.1")
+from ray_bench import ROOT, timed_repro, two_nodes
+from repro.matrix.spec import SpecLoader
 
 
 def matrix(spec: Path, out: Path, *extra: str) -> float:
-    start = time.perf_counter()
-    with open(out.with_suffix(".log"), "wb") as log:
-        command = [sys.executable, "-c", "from repro.cli import main; main()", "matrix", str(spec), "--out", str(out),
-                   "--no-cell-reports", *extra]
-        code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT).returncode
-    if code != 0:
-        raise SystemExit(f"matrix {out.name} exited {code}; see {out.with_suffix('.log')}")
-    return time.perf_counter() - start
+    return timed_repro(out, "matrix", str(spec), "--out", str(out), "--no-cell-reports", *extra)
 
 
 def main() -> None:
@@ -58,14 +41,9 @@ def main() -> None:
         root.mkdir(parents=True, exist_ok=True)
         spec = root / "spec.yaml"
         spec.write_text(yaml.safe_dump(data, sort_keys=False))
-        cluster = Cluster(initialize_head=True, head_node_args={**NODE, "resources": {"node_a": 1}})
-        try:
-            cluster.add_node(**NODE, resources={"node_b": 1})
-            cluster.wait_for_nodes()
+        with two_nodes() as cluster:
             local = matrix(spec, root / "local")
             on_ray = matrix(spec, root / "ray", "--executor", "ray", "--ray-address", cluster.address)
-        finally:
-            cluster.shutdown()
         results = {name: json.loads((root / name / "matrix.json").read_text()) for name in ("local", "ray")}
         verdicts = {name: {f["factor"]: f["verdict"] for f in r["factors"]} for name, r in results.items()}
         cells = {name: {c["name"]: c["counts"] for c in r["cells"]} for name, r in results.items()}

@@ -16,21 +16,16 @@ from __future__ import annotations
 
 import argparse
 import io
-import os
 import tempfile
 import time
 from pathlib import Path
 
-os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # keep Ray on loopback (docs/cluster.md)
+from rich.console import Console
 
-from ray.cluster_utils import Cluster  # noqa: E402
-from rich.console import Console  # noqa: E402
-
-from bench_client import start_server  # noqa: E402
-from repro.runner import RunOptions, ensure_open_files, execute_run  # noqa: E402
-from repro.store import load_run  # noqa: E402
-
-NODE = dict(num_cpus=1, object_store_memory=80 * 1024 * 1024, include_dashboard=False, node_ip_address="127.0.0.1")
+from bench_client import start_server
+from ray_bench import two_nodes
+from repro.runner import RunOptions, ensure_open_files, execute_run
+from repro.store import load_run
 
 
 def one(name: str, url: str, args: argparse.Namespace, root: Path, **extra: object) -> list[tuple[int, str]]:
@@ -61,17 +56,13 @@ def main() -> None:
     args = parser.parse_args()
     ensure_open_files(args.sessions)
     proc, url = start_server(32, 0.25, final_after=args.turns, ttft=args.ttft)
-    cluster = Cluster(initialize_head=True, head_node_args={**NODE, "resources": {"node_a": 1}})
     try:
-        cluster.add_node(**NODE, resources={"node_b": 1})
-        cluster.wait_for_nodes()
-        with tempfile.TemporaryDirectory(prefix="run-ray-") as tmp:
+        with two_nodes() as cluster, tempfile.TemporaryDirectory(prefix="run-ray-") as tmp:
             local = one("local", url, args, Path(tmp))
             on_ray = one("ray", url, args, Path(tmp), executor="ray", ray_address=cluster.address,
                          worker_resources=[{"node_a": 1}, {"node_b": 1}])
         print(f"same session ids and tasks: {local == on_ray}")
     finally:
-        cluster.shutdown()
         proc.stop()
 
 

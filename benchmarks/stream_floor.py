@@ -24,11 +24,12 @@ import os
 import subprocess
 import sys
 import time
+from urllib.parse import urlsplit
 
 import httptools
 
 from bench_client import start_server
-from bench_workers import process_cpu
+from bench_workers import add_stream_options, levels, process_cpu
 from repro.runner import ensure_open_files
 
 LAG_INTERVAL_S = 0.010
@@ -73,6 +74,7 @@ async def _worker(port: int, sessions: int, turns: int, ramp_up: float) -> dict[
     loop = asyncio.get_running_loop()
     lags: list[float] = []
     stop = asyncio.Event()
+    requests = [_request(port, turn) for turn in range(turns)]  # the same for every session: made once
 
     async def sample() -> None:
         while not stop.is_set():
@@ -84,9 +86,9 @@ async def _worker(port: int, sessions: int, turns: int, ramp_up: float) -> dict[
         await asyncio.sleep(ramp_up * index / max(sessions, 1))
         transport, exchange = await loop.create_connection(_Exchange, "127.0.0.1", port)
         try:
-            for turn in range(turns):
+            for request in requests:
                 exchange.done = loop.create_future()
-                transport.write(_request(port, turn))
+                transport.write(request)
                 await exchange.done
         finally:
             transport.close()
@@ -110,7 +112,7 @@ def _child(port: int, sessions: int, turns: int, ramp_up: float) -> None:
 
 def one(workers: int, sessions: int, ramp_up: float, args: argparse.Namespace) -> None:
     proc, url = start_server(args.chunks, args.interval, final_after=args.turns, ttft=args.ttft)
-    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    port = urlsplit(url).port
     try:
         server_before, start = process_cpu(proc.pid), time.perf_counter()
         shares = [sessions // workers + (k < sessions % workers) for k in range(workers)]
@@ -132,20 +134,14 @@ def one(workers: int, sessions: int, ramp_up: float, args: argparse.Namespace) -
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", default="2:5000,2:10000:30", help="WORKERS:SESSIONS[:RAMP_UP] levels.")
-    parser.add_argument("--turns", type=int, default=3)
-    parser.add_argument("--ttft", type=float, default=2.0)
-    parser.add_argument("--chunks", type=int, default=32)
-    parser.add_argument("--interval", type=float, default=0.25)
-    parser.add_argument("--ramp-up", type=float, default=5.0)
+    add_stream_options(parser, "2:5000,2:10000:30")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         port, sessions, turns, ramp_up = args.child.split(":")
         _child(int(port), int(sessions), int(turns), float(ramp_up))
         return
-    runs = [(int(f[0]), int(f[1]), float(f[2]) if len(f) > 2 else args.ramp_up)
-            for f in (level.split(":") for level in args.runs.split(","))]
+    runs = levels(args)
     ensure_open_files(max(sessions for _, sessions, _ in runs))
     for workers, sessions, ramp_up in runs:
         one(workers, sessions, ramp_up, args)

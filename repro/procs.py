@@ -335,8 +335,9 @@ def port_in_use(port: int) -> str | None:
 def confirm_listener(process: ManagedProcess, port: int) -> str | None:
     """Check that the server answering on `port` is `process`: alive, and holding every socket listening there.
 
-    Raises TargetError when the process has exited or something else listens on the port (a server
-    that lost the port to an occupant dies with "address in use" while the occupant answers for it).
+    Raises PortTakenError (a TargetError) when the process has exited or something else listens on the
+    port (a server that lost the port to an occupant dies with "address in use" while the occupant
+    answers for it), and TargetError when nothing listens there any more.
     Returns a note when the holder cannot be inspected (another user's process, such as a
     container's), which only the port being free before the launch then vouches for.
     """

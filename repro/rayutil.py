@@ -24,7 +24,7 @@ import tarfile
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, Literal, get_args
 
 from rich.console import Console
 from rich.text import Text
@@ -46,8 +46,9 @@ DEFAULT_RESOURCES = {"CPU": 1.0}
 """What a task asks for when nothing says otherwise (as a matrix spec's `resources.run`)."""
 
 
-EXECUTORS = ("local", "ray")
+Executor = Literal["local", "ray"]
 """What `--executor` names: this machine, or a Ray cluster."""
+EXECUTORS: tuple[str, ...] = get_args(Executor)
 
 
 def check_executor(executor: str) -> None:
@@ -93,6 +94,29 @@ def parse_resources(text: str, *, option: str = "--resources") -> dict[str, floa
         if not is_amount(amount):
             raise UsageError(f"{option}: {name!r} must be a number >= 0, got {json.dumps(amount)}")
     return {name: float(amount) for name, amount in value.items()}
+
+
+def asked_resources(
+    executor: str, *, ray_address: str | None, resources: str | None,
+    fallback: Callable[[], dict[str, float]] | None = None, local_note: str = "",
+) -> dict[str, float] | None:
+    """What `--executor`, `--ray-address` and `--resources` ask of a command whose work is Ray tasks, checked
+    before it makes its directory: None for the local executor (which refuses the two options; `local_note`
+    says why for `--resources`), else what each task asks for (`--resources` JSON, else `fallback()`,
+    else one CPU), once Ray is there to answer at `ray_address`."""
+    check_executor(executor)
+    if executor == "local":
+        if ray_address is not None:
+            raise UsageError("--ray-address needs --executor ray")
+        if resources is not None:
+            raise UsageError(f"--resources needs --executor ray{local_note}")
+        return None
+    if resources is not None:
+        asked = parse_resources(resources)
+    else:
+        asked = fallback() if fallback is not None else dict(DEFAULT_RESOURCES)
+    require_ray(ray_address)
+    return asked
 
 
 def require_ray(address: str | None) -> None:
@@ -154,6 +178,13 @@ def fits(asked: dict[str, float], node: dict[str, float]) -> bool:
 def alive_nodes(ray: Any) -> list[dict[str, Any]]:
     """`ray.nodes()` entries of the nodes alive now (NodeID, NodeManagerAddress, Resources, ...)."""
     return [node for node in ray.nodes() if node.get("Alive")]
+
+
+def absolute_workload(options: dict[str, Any]) -> dict[str, Any]:
+    """Load options with their workload path made absolute: a Ray worker does not run in the driver's directory."""
+    if options.get("workload"):
+        return {**options, "workload": str(Path(options["workload"]).resolve())}
+    return options
 
 
 def submit(ray: Any, function: Any, resources: dict[str, float], name: str, *args: Any) -> Any:
@@ -222,25 +253,33 @@ def _unplaceable(ray: Any, asked: dict[Any, dict[str, float]], ready: list[Any],
     return out
 
 
+UNPLACEABLE = f"no live node of the cluster has the resources asked for, for {UNPLACEABLE_AFTER_S:g}s"
+
+
+def _why(text: str, resources: dict[str, float]) -> str:
+    """Why a task ended without its value, naming what it asked for."""
+    return f"{text}; resources {resources}"
+
+
 def as_completed(ray: Any, asked: dict[Any, dict[str, float]], console: Console) -> Iterator[tuple[Any, Any, str | None]]:
     """`(ref, value, None)` for each task of `asked` (its ref: its resources) as it ends, or
     `(ref, None, why)` when it ended without a value (its node or worker died) or no live node can
-    take it. Leaving early (Ctrl-C, an error, `close()`) cancels the tasks still out."""
+    take it (`why` names the resources). Leaving early (Ctrl-C, an error, `close()`) cancels the tasks still out."""
     out = dict(asked)
     waiting: dict[Any, float] = {}
     try:
         while out:
             ready, _ = ray.wait(list(out), num_returns=1, timeout=1.0)
             for ref in _unplaceable(ray, out, ready, waiting):
-                out.pop(ref)
+                resources = out.pop(ref)
                 ray.cancel(ref, force=False)
-                yield ref, None, f"no live node of the cluster has the resources asked for, for {UNPLACEABLE_AFTER_S:g}s"
+                yield ref, None, _why(UNPLACEABLE, resources)
             for ref in ready:
-                out.pop(ref)
+                resources = out.pop(ref)
                 try:
                     value = ray.get(ref)
                 except ray.exceptions.RayError as err:
-                    yield ref, None, f"the Ray task ended without a result ({error_line(err)})"
+                    yield ref, None, _why(f"the Ray task ended without a result ({error_line(err)})", resources)
                     continue
                 yield ref, value, None
     finally:
@@ -250,34 +289,34 @@ def as_completed(ray: Any, asked: dict[Any, dict[str, float]], console: Console)
 def streamed(ray: Any, task: Any, resources: dict[str, float], console: Console) -> Iterator[tuple[Any, str | None]]:
     """`(value, None)` for each value a generator task (`submit` of a generator function) yields, as it
     comes; then, when the task ended before it finished (its node or worker died) or no live node can
-    take it, one `(None, why)`. Leaving early (Ctrl-C, an error, `close()`) cancels the task."""
+    take it, one `(None, why)` (`why` names the resources). Leaving early (Ctrl-C, an error, `close()`)
+    cancels the task."""
+    out = [task]
     waiting: dict[Any, float] = {}
-    ended = False
     try:
         while True:
-            ready, _ = ray.wait([task], num_returns=1, timeout=1.0)
+            ready, _ = ray.wait(out, num_returns=1, timeout=1.0)
             if not ready:
                 if _unplaceable(ray, {task: resources}, [], waiting):
-                    ended = True
+                    out.clear()
                     ray.cancel(task, force=False)
-                    yield None, f"no live node of the cluster has the resources asked for, for {UNPLACEABLE_AFTER_S:g}s"
+                    yield None, _why(UNPLACEABLE, resources)
                     return
                 continue
             try:
                 ref = next(task)
             except StopIteration:
-                ended = True
+                out.clear()
                 return
             try:
                 value = ray.get(ref)
             except ray.exceptions.RayError as err:
-                ended = True
-                yield None, f"the Ray task ended before it finished ({error_line(err)})"
+                out.clear()
+                yield None, _why(f"the Ray task ended before it finished ({error_line(err)})", resources)
                 return
             yield value, None
     finally:
-        if not ended:
-            cancel(ray, [task], console)
+        cancel(ray, out, console)
 
 
 def cancel(ray: Any, refs: list[Any], console: Console) -> None:

@@ -55,6 +55,7 @@ from repro.metrics import MetricsScraper, metrics_url, server_root
 from repro.node import where
 from repro.observe import ObserveMode, RawEndpoint, thinking_of
 from repro.rawprobe import PROBE_TIMEOUT_S, ProbeRequest, ProbeResult, probe
+from repro.rayutil import Executor
 from repro.records import Manifest, OutcomeCounts, SessionRecord, Summary, WorkerPlace
 from repro.replay import ReplaySession
 from repro.session import Session, SessionConfig
@@ -146,7 +147,7 @@ class RunOptions(BaseModel):
     recorded gaps between turns."""
     workers: int = Field(default=1, ge=1, le=256)
     """Workers the sessions are sharded across (repro.shards); 1: this process alone."""
-    executor: Literal["local", "ray"] = "local"
+    executor: Executor = "local"
     """What the workers are: local processes, or Ray actors on a cluster (repro.rayshards; needs `workers`)."""
     ray_address: str | None = None
     """With executor ray: the cluster's HOST:PORT; none: RAY_ADDRESS, else a Ray started here for the run."""

@@ -51,14 +51,17 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
-def _append(fd: int, data: bytes) -> None:
+def _append(fd: int, data: bytes, *, sync: bool = True) -> int:
+    """Append `data` whole or not at all, fsynced unless `sync` is False; the offset it starts at."""
     end = os.lseek(fd, 0, os.SEEK_END)
     try:
         _write_all(fd, data)
-        os.fsync(fd)
+        if sync:
+            os.fsync(fd)
     except OSError:
         os.ftruncate(fd, end)  # never leave a torn line behind
         raise
+    return end
 
 
 def append_whole(path: Path, data: bytes) -> None:
@@ -210,11 +213,9 @@ class RunWriter:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             return self._append_synced(data)
-        start = os.lseek(self._fd, 0, os.SEEK_END)
         try:
-            _write_all(self._fd, data)
+            start = _append(self._fd, data, sync=False)
         except OSError:
-            os.ftruncate(self._fd, start)  # never leave a torn line behind
             return self._append_synced(data)  # gives the reserve back, retries, counts the loss
         if not self._unsynced:
             self._unsynced_from = start

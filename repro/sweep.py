@@ -18,6 +18,7 @@ recorded in sweep.json and shown in the reports.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import math
 import shlex
@@ -266,30 +267,20 @@ def ray_sweep(
 
     `resources` (JSON) wins over the spec's resources for its cell, which win over one CPU.
     """
-    from repro.rayutil import (
-        DEFAULT_RESOURCES,
-        check_executor,
-        parse_resources,
-        require_ray,
-    )
+    from repro.rayutil import asked_resources
 
-    check_executor(executor)
-    if executor == "local":
-        if ray_address is not None or resources is not None:
-            raise UsageError(f"{'--ray-address' if ray_address is not None else '--resources'} needs --executor ray")
-        return None
-    if base_url is not None:
+    if executor == "ray" and base_url is not None:
         raise UsageError("--executor ray places the sweep's deployment on a node: --base-url names a running "
                          "server instead (use --spec or the embedded simulator)")
-    if resources is not None:
-        asked = parse_resources(resources)
-    elif spec is not None:
+
+    def for_the_cell() -> dict[str, float]:
+        assert spec is not None
         matrix, run, _ = _spec_cell(spec)
-        asked = matrix.resources.for_cell(run.cell.as_dict())
-    else:
-        asked = dict(DEFAULT_RESOURCES)
-    require_ray(ray_address)
-    return RaySweep(ray_address, asked)
+        return matrix.resources.for_cell(run.cell.as_dict())
+
+    asked = asked_resources(executor, ray_address=ray_address, resources=resources,
+                            fallback=for_the_cell if spec is not None else None)
+    return None if asked is None else RaySweep(ray_address, asked)
 
 
 def _measure(
@@ -358,12 +349,11 @@ def _on_ray(
 ) -> tuple[list[LevelResult], str, dict[str, str]]:
     """The sweep as one Ray task, each level unpacked into `out` as it ends. A lost task is a TargetError
     (exit 3) and Ctrl-C a ReproError (exit 130), both keeping the finished levels."""
-    from repro.rayutil import connected, replay, streamed, submit, unpack
+    from repro.rayutil import absolute_workload, connected, replay, streamed, submit, unpack
 
-    if base.get("workload"):  # a Ray worker does not run in this directory
-        base = {**base, "workload": str(Path(base["workload"]).resolve())}
+    base = absolute_workload(base)
     if spec is not None:
-        spec = SpecDeployment(spec.spec.resolve(), spec.cell, spec.variables)
+        spec = dataclasses.replace(spec, spec=spec.spec.resolve())
     results: list[LevelResult] = []
     target, node = "", {}
     failure: ReproError | None = None
@@ -376,7 +366,7 @@ def _on_ray(
             with contextlib.closing(streamed(ray, task, placement.resources, console)) as items:
                 for value, why in items:
                     if why is not None:
-                        raise TargetError(f"sweep stopped: {why}; resources {placement.resources}; {_kept(results, out)}")
+                        raise TargetError(f"sweep stopped: {why}; {_kept(results, out)}")
                     kind, outcome, *sent = value
                     if kind == "level":
                         results.append(outcome)

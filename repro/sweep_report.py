@@ -59,11 +59,12 @@ def curve_plot(result: "SweepResult") -> str:
 
 
 def render_markdown(result: "SweepResult") -> str:
+    where = describe(result.node)
     lines = [
         f"# Concurrency sweep {md_escape(result.name)}",
         "",
         f"Target: {md_escape(result.target)}; {result.sessions_per_level} sessions per level; "
-        f"{result.confidence:.0%} intervals." + (f" Ran on {md_escape(describe(result.node) or '')}." if result.node else ""),
+        f"{result.confidence:.0%} intervals." + (f" Ran on {md_escape(where)}." if where else ""),
         "",
         f"**{md_escape(result.conclusion)}**",
         "",

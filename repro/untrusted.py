@@ -92,6 +92,8 @@ def json_depth(value: Any) -> int:
 
 def scrub_surrogates(text: str) -> str:
     """`text` with every lone surrogate replaced by U+FFFD, so it encodes as UTF-8; unchanged when it already does."""
+    if text.isascii():  # no surrogate, and no copy made to find that out
+        return text
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
@@ -106,7 +108,7 @@ _UNCHANGED = frozenset((int, float, bool, type(None)))
 def scrub_json(value: Any) -> Any:
     """`value` (JSON-shaped: dicts, lists, strings, numbers) with `scrub_surrogates` applied to every string and key."""
     if isinstance(value, str):
-        return value if value.isascii() else scrub_surrogates(value)
+        return scrub_surrogates(value)
     if isinstance(value, dict):
         return {
             key if type(key) is str and key.isascii() else scrub_json(key):

@@ -6,6 +6,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from repro.reaper import _stat as process_stat
+
 
 def group_gone(pgid: int, timeout: float = 10.0) -> bool:
     """True once no process of the group `pgid` exists; False if some still does after `timeout` seconds."""
@@ -23,11 +25,8 @@ def group_gone(pgid: int, timeout: float = 10.0) -> bool:
 def pid_gone(pid: int) -> bool:
     """Whether process `pid` has ended (a zombie counts as ended). Its state says so, not its command line,
     which also reads empty for a moment while a live process execs."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat.rpartition(")")[2].split()[0] in ("Z", "X")
+    stat = process_stat(pid)
+    return stat is None or stat[0] in ("Z", "X")
 
 
 def poll(condition: Callable[[], bool], timeout: float = 30.0) -> bool:
@@ -46,16 +45,21 @@ def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
         raise AssertionError(f"timed out waiting for {what}")
 
 
+def pids_where(entry: str, test: Callable[[bytes], bool]) -> set[int]:
+    """Processes whose /proc/PID/`entry` (`environ`, `cmdline`) passes `test` (processes gone meanwhile are not)."""
+    found = set()
+    for process in Path("/proc").iterdir():
+        if process.name.isdigit():
+            try:
+                if test((process / entry).read_bytes()):
+                    found.add(int(process.name))
+            except OSError:
+                continue
+    return found
+
+
 def marked_pids(mark: str) -> set[int]:
     """Processes whose environment carries `REPRO_TEST_MARK=mark`: the servers a test's command launched
     (on any node of a one-machine Ray cluster)."""
     needle = f"REPRO_TEST_MARK={mark}".encode()
-    found = set()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if needle in (entry / "environ").read_bytes().split(b"\0"):
-                    found.add(int(entry.name))
-            except OSError:
-                continue
-    return found
+    return pids_where("environ", lambda environ: needle in environ.split(b"\0"))

@@ -26,11 +26,9 @@ FAST_HEALTH = {"health_check_period_ms": 500, "health_check_failure_threshold": 
 """Health checks every 0.5 s: a killed node is known dead in seconds, not half a minute."""
 
 
-def two_nodes(*, fast_health: bool = False, **head: Any) -> Iterator[tuple[Cluster, dict[str, str]]]:
+def two_nodes(**head: Any) -> Iterator[tuple[Cluster, dict[str, str]]]:
     """For a module-scoped fixture: the cluster and the node ids by name; `head` overrides the head's NODE_ARGS."""
-    head_args = {**NODE_ARGS, **head, "resources": {"node_a": 1}}
-    if fast_health:
-        head_args["_system_config"] = FAST_HEALTH
+    head_args = {**NODE_ARGS, **head, "resources": {"node_a": 1}, "_system_config": FAST_HEALTH}
     made = Cluster(initialize_head=True, head_node_args=head_args)
     try:
         worker = made.add_node(**NODE_ARGS, resources={"node_b": 1})
@@ -44,6 +42,18 @@ def repro(args: list[str], log: Path) -> subprocess.Popen[bytes]:
     """`repro ARGS` as a process of its own (run from the project root), stdout and stderr into `log`."""
     with open(log, "wb") as out:
         return subprocess.Popen([*REPRO, *args], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+
+
+def interrupt_when(proc: subprocess.Popen[bytes], ready: Callable[[], bool], what: str, timeout: float = 120) -> int:
+    """Once `ready()` (`what`, waited for up to 180 s), Ctrl-C to `proc`: its exit code within `timeout`
+    seconds. A `proc` still running when this fails is killed."""
+    try:
+        wait_for(lambda: ready() or proc.poll() is not None, 180, what)
+        proc.send_signal(signal.SIGINT)
+        return proc.wait(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
 
 
 def lose_node_b(made: Cluster, proc: subprocess.Popen[bytes], ready: Callable[[], bool], what: str, timeout: float) -> int:

@@ -211,12 +211,8 @@ def _drawn_search(commits: int, culprit: int | None, rate: float, seed: int, bro
     records: list[ProbeRecord] = []
     steps = 0
     while True:
-        if parallel == 1:
-            step = decide(commits, records, Model(), settings, confidence=0.95, max_probes=60, max_sessions=5000)
-            batch = step if isinstance(step, Ended) else [step]
-        else:
-            batch = decide_many(commits, records, Model(), settings, parallel=parallel, confidence=0.95,
-                                max_probes=60, max_sessions=5000)
+        batch = decide_many(commits, records, Model(), settings, parallel=parallel, confidence=0.95,
+                            max_probes=60, max_sessions=5000)
         if isinstance(batch, Ended):
             return batch, records, steps
         steps += 1

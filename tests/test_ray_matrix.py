@@ -13,7 +13,7 @@ from typing import Any, Iterator
 import pytest
 import yaml
 from proc_helpers import marked_pids, wait_for
-from ray_cluster import NODE_ARGS, ROOT, Cluster, lose_node_b, repro, two_nodes
+from ray_cluster import NODE_ARGS, ROOT, Cluster, interrupt_when, lose_node_b, repro, two_nodes
 from run_builders import run_main
 
 from repro.errors import UsageError
@@ -31,7 +31,7 @@ def cluster() -> Iterator[tuple[Cluster, dict[str, str]]]:
     """Two Ray nodes on this machine, `node_a` (the head) and `node_b`, each with its own custom resource."""
     # node_a takes both its runs at once; node_b one at a time, so a lost node_b leaves one of its runs
     # pending with no node to take it.
-    yield from two_nodes(fast_health=True, num_cpus=2)
+    yield from two_nodes(num_cpus=2)
 
 
 def spec_file(tmp_path: Path, name: str, mark: str, **load: Any) -> Path:
@@ -138,14 +138,9 @@ def test_sigint_cancels_every_task_and_leaves_no_server(cluster: tuple[Cluster, 
     spec = spec_file(tmp_path, "int", mark, sessions=40, concurrency=2, turns=18)
     proc = repro(["matrix", str(spec), "--out", str(tmp_path / "m"), "--no-cell-reports",
                   "--executor", "ray", "--ray-address", made.address], tmp_path / "m.log")
-    try:
-        # Both nodes serving: a server with the mark per node.
-        wait_for(lambda: len(marked_pids(mark)) >= 2, 120, "a server on each node")
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=120) == 130, (tmp_path / "m.log").read_text()[-3000:]
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    # Both nodes serving: a server with the mark per node.
+    code = interrupt_when(proc, lambda: len(marked_pids(mark)) >= 2, "a server on each node")
+    assert code == 130, (tmp_path / "m.log").read_text()[-3000:]
     wait_for(lambda: not marked_pids(mark), 30, "every server the tasks launched to end")
     assert "interrupted" in (tmp_path / "m.log").read_text()
     assert (tmp_path / "m" / "matrix.json").exists()

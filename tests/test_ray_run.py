@@ -9,7 +9,7 @@ from typing import Iterator
 
 import pytest
 from faulty_servers import sessions_seen
-from proc_helpers import wait_for
+from proc_helpers import pids_where, wait_for
 from ray_cluster import Cluster, lose_node_b, repro, two_nodes
 from rich.console import Console
 from run_builders import assert_every_shard_cut_short, run_main
@@ -28,20 +28,12 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[tuple[Cluster, dict[str, str]]]:
     """Two Ray nodes on this machine, `node_a` (the head) and `node_b`, each with its own custom resource."""
-    yield from two_nodes(fast_health=True)
+    yield from two_nodes()
 
 
 def actor_pids() -> set[int]:
     """Ray worker processes serving a shard actor (Ray titles them `ray::ShardActor...`)."""
-    found = set()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if (entry / "cmdline").read_bytes().startswith(b"ray::ShardActor"):
-                    found.add(int(entry.name))
-            except OSError:
-                continue
-    return found
+    return pids_where("cmdline", lambda cmdline: cmdline.startswith(b"ray::ShardActor"))
 
 
 def test_a_loopback_target_is_refused_only_when_a_node_is_on_another_machine() -> None:

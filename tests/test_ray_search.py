@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-from proc_helpers import marked_pids, wait_for
-from ray_cluster import Cluster, lose_node_b, repro, two_nodes
+from proc_helpers import marked_pids, pids_where, wait_for
+from ray_cluster import Cluster, interrupt_when, lose_node_b, repro, two_nodes
 from run_builders import run_main
 
 from repro.bisect.simrepo import BUILD, DEPLOY, build_repo
@@ -30,7 +30,7 @@ def cluster() -> Iterator[tuple[Cluster, dict[str, str]]]:
     """Two Ray nodes on this machine with one CPU each: `node_a` (the head) and `node_b`, each with its own
     custom resource. Two one-CPU probes at once therefore run one on each node. Fast health checks: the
     last test kills node_b."""
-    yield from two_nodes(fast_health=True)
+    yield from two_nodes()
 
 
 def finish(proc: subprocess.Popen[bytes], log: Path, timeout: float) -> int:
@@ -141,13 +141,8 @@ def test_sigint_cancels_the_probes_and_leaves_no_server(cluster: tuple[Cluster, 
     bad = f"--time-scale 1 --enable-hierarchical-cache --tp 4 / REPRO_TEST_MARK={mark}"
     proc = repro(["bisect", "flags", "--good", good, "--bad", bad, "--out", str(out), "--sessions", "8",
                   "--executor", "ray", "--ray-address", made.address], tmp_path / "log")
-    try:
-        wait_for(lambda: len(marked_pids(mark)) >= 1, 120, "the bad end's server to serve")
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=120) == 130, (tmp_path / "log").read_text()[-3000:]
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    code = interrupt_when(proc, lambda: len(marked_pids(mark)) >= 1, "the bad end's server to serve")
+    assert code == 130, (tmp_path / "log").read_text()[-3000:]
     wait_for(lambda: not marked_pids(mark), 30, "every server the probes launched to end")
     log = (tmp_path / "log").read_text()
     assert "cancelling 1 Ray task(s)" in log and "repro: interrupted" in log and "Traceback" not in log
@@ -178,15 +173,7 @@ def test_sweep_on_a_node_finds_the_local_onset(cluster: tuple[Cluster, dict[str,
 
 def _pids_running_with(argument: str) -> set[int]:
     """Processes with `argument` among their command-line arguments (on any node of the one-machine cluster)."""
-    found = set()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if argument.encode() in (entry / "cmdline").read_bytes().split(b"\0"):
-                    found.add(int(entry.name))
-            except OSError:
-                continue
-    return found
+    return pids_where("cmdline", lambda cmdline: argument.encode() in cmdline.split(b"\0"))
 
 
 def _slow_sweep_on_node_b(made: Cluster, seed: str, out: Path, log: Path) -> subprocess.Popen[bytes]:
@@ -213,13 +200,8 @@ def test_sweep_cut_short_keeps_the_levels_that_came_back(cluster: tuple[Cluster,
     seed = str(10**9 + uuid.uuid4().int % 10**9)  # this sweep's simulator, told apart by its command line
     out = tmp_path / "sweep"
     proc = _slow_sweep_on_node_b(made, seed, out, tmp_path / "log")
-    try:
-        wait_for(lambda: _control_level_back(out) or proc.poll() is not None, 180, "the control level to come back")
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=120) == 130, (tmp_path / "log").read_text()[-3000:]
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    code = interrupt_when(proc, lambda: _control_level_back(out), "the control level to come back")
+    assert code == 130, (tmp_path / "log").read_text()[-3000:]
     log = (tmp_path / "log").read_text()
     assert f"sweep interrupted at concurrency 2; the finished levels' runs are kept in {out}" in log, log[-3000:]
     assert "cancelling 1 Ray task(s)" in log and "Traceback" not in log

@@ -15,7 +15,7 @@ import pytest
 from faulty_servers import sessions_seen, start_faulty_server
 from hypothesis import given
 from hypothesis import strategies as st
-from proc_helpers import marked_pids, wait_for
+from proc_helpers import marked_pids, pids_where, wait_for
 from rich.console import Console
 from run_builders import assert_every_shard_cut_short
 
@@ -79,14 +79,7 @@ def test_two_workers_run_the_same_sessions_as_one_process(
 
 def _shard_pids(mark: str) -> set[int]:
     """The worker processes of the run started with `_marked(mark)` (other runs on the machine are not counted)."""
-    found = set()
-    for pid in marked_pids(mark):
-        try:
-            if b"repro.shards" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                found.add(pid)
-        except OSError:
-            continue
-    return found
+    return marked_pids(mark) & pids_where("cmdline", lambda cmdline: b"repro.shards" in cmdline)
 
 
 def _marked(mark: str) -> dict[str, str]:

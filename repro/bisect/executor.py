@@ -13,26 +13,24 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Iterator, Protocol
 
 from rich.console import Console
 from rich.text import Text
 
-from repro.bisect.journal import Journal
+from repro.bisect.journal import Journal, probe_name
 from repro.bisect.posterior import ProbePlan
 from repro.bisect.probe import ProbeJob, ProbeResult, describe, run_job
 from repro.errors import ReproError, UsageError
 from repro.node import describe as describe_node
 from repro.node import where
 from repro.rayutil import (
-    DEFAULT_RESOURCES,
+    absolute_workload,
     as_completed,
+    asked_resources,
     check_executor,
     connected,
     pack,
-    parse_resources,
-    require_ray,
     scratch,
     submit,
     unpack,
@@ -51,7 +49,7 @@ class NumberedProbe:
 
     @property
     def name(self) -> str:
-        return f"{self.number:03d}-{self.label}"
+        return probe_name(self.number, self.label)
 
 
 ProbeEnd = tuple[NumberedProbe, ProbeResult, "dict[str, str] | None"]
@@ -102,13 +100,6 @@ def _probe_task(job: ProbeJob, plan: ProbePlan, load: dict[str, Any], seed: int,
         return result, where(), pack(probe_dir)
 
 
-def _absolute(load: dict[str, Any]) -> dict[str, Any]:
-    """`load` with its workload path made absolute: a Ray worker does not run in the driver's directory."""
-    if load.get("workload"):
-        return {**load, "workload": str(Path(load["workload"]).resolve())}
-    return load
-
-
 class RayProbes:
     """Probes as Ray tasks asking for `resources`, all of one step at once; connected while the search runs."""
 
@@ -129,7 +120,7 @@ class RayProbes:
     def run(self, probes: list[NumberedProbe], journal: Journal, load: dict[str, Any],
             console: Console) -> Iterator[ProbeEnd]:
         ray = self._ray
-        load = _absolute(load)
+        load = absolute_workload(load)
         by_ref = {submit(ray, _probe_task, self.resources, f"repro-probe-{probe.name}",
                          probe.job.portable(), probe.plan, load, probe.seed, probe.name): probe
                   for probe in probes}
@@ -137,7 +128,7 @@ class RayProbes:
             for ref, value, why in ended:
                 probe = by_ref[ref]
                 if why is not None:
-                    result, node = ProbeResult("lost", message=f"{why}; resources {self.resources}"), None
+                    result, node = ProbeResult("lost", message=why), None
                 else:
                     result, node, archive = value
                     if isinstance(result, ReproError):
@@ -163,15 +154,12 @@ def probe_executor(
     check_executor(executor)
     if parallel < 1:
         raise UsageError(f"--parallel must be at least 1, got {parallel}")
-    if executor == "local":
-        if ray_address is not None:
-            raise UsageError("--ray-address needs --executor ray")
-        if resources is not None:
-            raise UsageError("--resources needs --executor ray (the local executor runs every probe here)")
-        if parallel > 1:
-            raise UsageError(f"--parallel {parallel} needs --executor ray: probes at once on one machine would "
-                             "share its cores and GPUs, and slow and skew each other")
-        return LocalProbes()
-    asked = parse_resources(resources) if resources is not None else dict(spec_resources or DEFAULT_RESOURCES)
-    require_ray(ray_address)
-    return RayProbes(ray_address, asked)
+    asked = asked_resources(executor, ray_address=ray_address, resources=resources,
+                            fallback=(lambda: dict(spec_resources)) if spec_resources else None,
+                            local_note=" (the local executor runs every probe here)")
+    if asked is not None:
+        return RayProbes(ray_address, asked)
+    if parallel > 1:
+        raise UsageError(f"--parallel {parallel} needs --executor ray: probes at once on one machine would "
+                         "share its cores and GPUs, and slow and skew each other")
+    return LocalProbes()

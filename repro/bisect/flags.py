@@ -175,7 +175,7 @@ def _search(search: Search, good: Config, changes: list[Change], *, deploy: str 
 
         def ahead(subsets: list[Subset]) -> None:
             """Probe at once the candidates not yet recorded, as many as the budget allows."""
-            todo = [s for s in subsets if s not in recorded and s != everything]
+            todo = [s for s in subsets if s not in recorded]  # the bad end (everything) is recorded first
             todo = todo[:max(0, max_probes - len(search.records))]
             if len(todo) > 1:
                 keep(search.probe_all([request(s, plan, why(s)) for s in todo]))

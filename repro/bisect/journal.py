@@ -62,6 +62,11 @@ class ProbeRecord(BaseModel):
         return self.clean + self.corrupt
 
 
+def probe_name(number: int, label: str) -> str:
+    """The name of probe `number`'s directory (and of its Ray task)."""
+    return f"{number:03d}-{label}"
+
+
 class Journal:
     """A bisect directory: created fresh, or reopened with `resume=True` for the same setup."""
 
@@ -112,7 +117,7 @@ class Journal:
 
     def probe_dir(self, number: int, label: str) -> Path:
         """A fresh directory for probe `number`; a leftover of a killed attempt is moved aside first."""
-        path = self.path / PROBE_DIRS / f"{number:03d}-{label}"
+        path = self.path / PROBE_DIRS / probe_name(number, label)
         if path.exists():
             n = 1
             while (aside := path.with_name(f"{path.name}.partial-{n}")).exists():

@@ -19,7 +19,7 @@ from typing import Any, Callable
 from rich.console import Console
 from rich.text import Text
 
-from repro.bisect.executor import LocalProbes, NumberedProbe, ProbeExecutor
+from repro.bisect.executor import NumberedProbe, ProbeExecutor
 from repro.bisect.journal import Journal, ProbeRecord
 from repro.bisect.posterior import ProbePlan
 from repro.bisect.probe import ProbeJob, ProbeSettings
@@ -59,12 +59,11 @@ def _label(text: str) -> str:
 class Search:
     """A search's journal and probe runner: `probe_all()` runs the next probes and records them."""
 
-    def __init__(self, journal: Journal, settings: ProbeSettings, console: Console,
-                 executor: ProbeExecutor | None = None) -> None:
+    def __init__(self, journal: Journal, settings: ProbeSettings, console: Console, executor: ProbeExecutor) -> None:
         self.journal = journal
         self.settings = settings
         self.console = console
-        self.executor = executor or LocalProbes()
+        self.executor = executor
         self.records: list[ProbeRecord] = journal.probes()
         if self.records:
             console.print(Text(f"resuming {journal.path}: {len(self.records)} probe(s) already recorded"))

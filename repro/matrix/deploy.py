@@ -94,8 +94,6 @@ class LaunchPlan:
     flags: list[str] = field(default_factory=list)
     """Every flag of the cell's levels, for the record."""
     log_max_bytes: int | None = None
-    ports_chosen: bool = False
-    """Some port is `auto` (chosen by the harness): a launch that lost one to another process can be retried."""
 
 
 def run_seed(spec: MatrixSpec, run: PlannedRun) -> int:
@@ -196,7 +194,6 @@ def resolve(
             raise UsageError(f"deployment {name!r}: give url, or a port on process {last.name!r}")
         url = f"http://127.0.0.1:{sub(str(last.port))}"
     return LaunchPlan(
-        ports_chosen=AUTO in spec.variables.values(),
         deployment=name,
         url=url.rstrip("/"),
         processes=processes,
@@ -476,10 +473,9 @@ class CellDeployment:
                 continue
             try:
                 note = confirm_listener(proc, launch.local_port)
-            except PortTakenError as err:
-                raise PortTakenError(f"cell {self.cell}: {launch.name}: {one_line(str(err))}") from None
             except TargetError as err:
-                raise ConfirmationError(f"cell {self.cell}: {launch.name}: {one_line(str(err))}") from None
+                kind = PortTakenError if isinstance(err, PortTakenError) else ConfirmationError
+                raise kind(f"cell {self.cell}: {launch.name}: {one_line(str(err))}") from None
             if note:
                 notes.append(f"{launch.name}: {note}")
         return notes

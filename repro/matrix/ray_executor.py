@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 from rich.console import Console
 from rich.text import Text
@@ -38,11 +38,11 @@ def _cell_task(spec: MatrixSpec, run: PlannedRun, total: int, cell_reports: bool
         return record.model_dump_json(), printed(screen, path), pack(path, (CELLS, LOGS))
 
 
-def _failed(run: PlannedRun, resources: dict[str, float], why: str) -> CellRun:
+def _failed(run: PlannedRun, why: str) -> CellRun:
     """The record of a run whose task ended without one, or that no live node can take."""
     return CellRun(
         key=run.key, cell=run.cell.as_dict(), replicate=run.replicate, order=run.order, status="failed",
-        message=f"{why}; resources {resources}", node=None,
+        message=why, node=None,
     )
 
 
@@ -59,15 +59,18 @@ def execute_on_ray(
     """Submit every pending run at once; yield each with its record as it ends (in whatever order)."""
     with connected(address) as ray:
         console.print(Text(f"Ray executor: {len(pending)} run(s) submitted to the cluster from {where()['hostname']}"))
-        asked = {run.key: spec.resources.for_cell(run.cell.as_dict()) for run in pending}
-        runs = {submit(ray, _cell_task, asked[run.key], f"repro-{run.key}", spec, run, total, cell_reports): run
-                for run in pending}
+        runs: dict[Any, PlannedRun] = {}
+        asked: dict[Any, dict[str, float]] = {}
+        for run in pending:
+            resources = spec.resources.for_cell(run.cell.as_dict())
+            ref = submit(ray, _cell_task, resources, f"repro-{run.key}", spec, run, total, cell_reports)
+            runs[ref], asked[ref] = run, resources
         # Closed explicitly, before the disconnect: leaving early cancels the tasks still out.
-        with contextlib.closing(as_completed(ray, {ref: asked[run.key] for ref, run in runs.items()}, console)) as ended:
+        with contextlib.closing(as_completed(ray, asked, console)) as ended:
             for ref, value, why in ended:
                 run = runs[ref]
                 if why is not None:
-                    yield run, _failed(run, asked[run.key], why)
+                    yield run, _failed(run, why)
                     continue
                 record_json, text, archive = value
                 unpack(archive, path)

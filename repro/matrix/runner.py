@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Iterator, Literal
+from typing import Iterator
 
 from rich.console import Console
 from rich.table import Table
@@ -44,10 +44,10 @@ from repro.matrix.deploy import CellDeployment, describe, resolve, stop_stale
 from repro.matrix.design import Cell, PlannedRun, cells, plan
 from repro.matrix.plan import Plan, PlannedEntry
 from repro.matrix.report import write_reports
-from repro.matrix.spec import MatrixSpec, load_spec
+from repro.matrix.spec import AUTO, MatrixSpec, load_spec
 from repro.node import where
 from repro.procs import PortTakenError, one_line
-from repro.rayutil import check_executor
+from repro.rayutil import Executor, check_executor
 from repro.records import Summary
 from repro.store import SUMMARY, dump_json, slug
 
@@ -57,7 +57,6 @@ PROGRESS = "progress.jsonl"
 MATRIX_JSON = "matrix.json"
 CELLS = "cells"
 LOGS = "logs"
-Executor = Literal["local", "ray"]
 PORT_ATTEMPTS = 3
 """Launches of a run whose `auto` port another process took between its choice and the bind."""
 
@@ -356,22 +355,22 @@ def run_cell(
     )
     console.print(Text(f"[{run.order + 1}/{total}] cell {run.cell.name} replicate {run.replicate}: launching"))
     started = time.monotonic()
-    deployment = CellDeployment(launch, log_dir, cell=run.key)
-    watch = deployment.watch()
+    # Ports the harness chose (`auto`) can be chosen again when another process takes one before the bind.
+    attempts = PORT_ATTEMPTS if AUTO in spec.variables.values() else 1
     try:
-        for attempt in range(1, PORT_ATTEMPTS + 1):
+        for attempt in range(1, attempts + 1):
+            deployment = CellDeployment(launch, log_dir, cell=run.key)
+            watch = deployment.watch()
             try:
                 confirmation = deployment.start()
                 break
             except PortTakenError as err:
-                if not launch.ports_chosen or attempt == PORT_ATTEMPTS:
+                if attempt == attempts:
                     raise
                 # Another process took a port between its choice and the bind (two matrices on one machine).
                 console.print(Text(f"  {one_line(str(err))}; relaunching on fresh ports"))
                 launch = resolve(spec, run, log_dir=log_dir)
                 options = options.model_copy(update={"base_url": f"{launch.url}/v1"})
-                deployment = CellDeployment(launch, log_dir, cell=run.key)
-                watch = deployment.watch()
                 base["launch"] = describe(launch)
         try:
             with watch:
