@@ -25,14 +25,14 @@ from pathlib import Path
 
 import anyio
 
-from repro.client import make_client
-from repro.load import run_load
-from repro.observe import ObservePlan
-from repro.procs import ManagedProcess, free_port, start_process, wait_http_ready
-from repro.records import SessionRecord
-from repro.runner import ensure_open_files
-from repro.session import Session, SessionConfig
-from repro.workload import load_workload
+from repro.wire.client import make_client
+from repro.run.load import run_load
+from repro.run.observe import ObservePlan
+from repro.procs.process import ManagedProcess, free_port, start_process, wait_http_ready
+from repro.store.records import SessionRecord
+from repro.run.runner import ensure_open_files
+from repro.run.session import Session, SessionConfig
+from repro.workload.scenario import load_workload
 
 SERVER = Path(__file__).resolve().parent / "fast_stream_server.py"
 LAG_LIMIT_S = 0.050

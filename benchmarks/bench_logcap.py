@@ -1,5 +1,5 @@
 """What a capped server log costs: a process printing as fast as it can, its output written straight to a
-file and through `repro.logcap` (the matrix's default for every launched process).
+file and through `repro.procs.logcap` (the matrix's default for every launched process).
 
 For each: seconds to print N MiB (the writer must keep up, or the server blocks on its pipe),
 throughput, and the bytes left on disk. The seeds' flood was 1.9 GB in 15 s, about 130 MB/s.
@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from repro.procs import start_process
+from repro.procs.process import start_process
 
 FLOOD = (
     "import sys\n"

@@ -1,7 +1,7 @@
 """CPU time of the client's SSE reader against the size of one event: is it linear?
 
 One streamed chat-completion event of SIZE bytes (a content delta; a runaway reply or a hostile
-server can send megabytes without a newline) is fed to `repro.client._SSEReader` in 16 KiB pieces,
+server can send megabytes without a newline) is fed to `repro.wire.client._SSEReader` in 16 KiB pieces,
 as the network hands it over, then a `[DONE]`. "before" is the reader as it was until issue 11:
 every piece appended to the buffer and the whole buffer re-split on newlines, so an event of n
 pieces cost O(n²). "after" is the current reader, which searches only the new piece.
@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from repro.client import _Clock, _SSEReader
+from repro.wire.client import _Clock, _SSEReader
 
 PIECE = 16 * 1024
 MB = 1024 * 1024

@@ -27,8 +27,8 @@ from pathlib import Path
 from rich.console import Console
 
 from bench_client import start_server
-from repro.runner import RunOptions, ensure_open_files, execute_run
-from repro.store import load_run
+from repro.run.runner import RunOptions, ensure_open_files, execute_run
+from repro.store.rundir import load_run
 
 LAG_LIMIT_S = 0.050
 

@@ -1,6 +1,6 @@
 """Calibrate the simulator's PD wedges: `repro run` sessions against a simulator in PD mode, per load.
 
-For each configuration it starts the simulator, runs the default workload through `repro.runner.execute_run`
+For each configuration it starts the simulator, runs the default workload through `repro.run.runner.execute_run`
 with a stall timeout, then prints the wedged sessions, the wedges the simulator recorded (/debug/wedges),
 whether the two match one for one (by conversation and turn), and the transfer-failure counter.
 Expected: 1 and 8 sessions never wedge; 60 sessions wedge a few percent of sessions; null mode never does.
@@ -18,11 +18,11 @@ from pathlib import Path
 import httpx
 from rich.console import Console
 
-from repro.metrics import parse_samples
-from repro.runner import RunOptions, execute_run
+from repro.run.metrics import parse_samples
+from repro.run.runner import RunOptions, execute_run
 from repro.sim.launch import start_sim
 from repro.sim.model import conversation_key
-from repro.store import read_sessions
+from repro.store.rundir import read_sessions
 
 PD = ["--disaggregation-mode", "decode"]
 CONFIGS: dict[str, tuple[int, list[str]]] = {

@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from repro.store import read_sessions
+from repro.store.rundir import read_sessions
 
 FAULTY = ["--enable-hierarchical-cache", "--index-k-dtype", "bf16"]
 CONFIGS: dict[str, tuple[int, list[str]]] = {

@@ -14,9 +14,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from repro.records import FindingRecord, Manifest, SessionRecord, TurnRecord
+from repro.store.records import FindingRecord, Manifest, SessionRecord, TurnRecord
 from repro.report import render_report
-from repro.store import RunWriter
+from repro.store.rundir import RunWriter
 
 LEAK = "Checking now.\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"read_file\">" + " filler" * 200
 

@@ -24,8 +24,8 @@ from rich.console import Console
 
 from bench_client import start_server
 from ray_bench import two_nodes
-from repro.runner import RunOptions, ensure_open_files, execute_run
-from repro.store import load_run
+from repro.run.runner import RunOptions, ensure_open_files, execute_run
+from repro.store.rundir import load_run
 
 
 def one(name: str, url: str, args: argparse.Namespace, root: Path, **extra: object) -> list[tuple[int, str]]:

@@ -23,10 +23,10 @@ from pathlib import Path
 import numpy as np
 from rich.console import Console
 
-from repro.runner import RunOptions, execute_run
+from repro.run.runner import RunOptions, execute_run
 from repro.stats import compare
-from repro.stopping import BaselineRule, max_looks, waves_of
-from repro.store import load_run
+from repro.run.stopping import BaselineRule, max_looks, waves_of
+from repro.store.rundir import load_run
 
 WAVE = 60
 CAP = 180

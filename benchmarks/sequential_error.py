@@ -1,7 +1,7 @@
 """Does `repro run --until-decided` keep its wrong-verdict rate at or under nominal, and what does it save?
 
 Many simulated runs, each session a Bernoulli draw at a true corruption rate, looked at after every wave
-through the same decision code the run uses (repro.stopping.StoppingRule). A wrong verdict is a fail when
+through the same decision code the run uses (repro.run.stopping.StoppingRule). A wrong verdict is a fail when
 the true rate is at or under the limit, or a pass when it is at or over it (at the limit both are wrong).
 Saved sessions are against the fixed design that always spends the cap.
 
@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 
-from repro.stopping import StoppingRule
+from repro.run.stopping import StoppingRule
 
 LIMIT = 0.10
 WAVE = 20

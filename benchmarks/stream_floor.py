@@ -30,7 +30,7 @@ import httptools
 
 from bench_client import start_server
 from bench_workers import add_stream_options, levels, process_cpu
-from repro.runner import ensure_open_files
+from repro.run.runner import ensure_open_files
 
 LAG_INTERVAL_S = 0.010
 

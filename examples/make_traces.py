@@ -7,8 +7,8 @@ Run from the repository root: `python examples/make_traces.py 14 examples/traces
 """
 
 import json, yaml, datetime, sys
-from repro.workload import Workload
-from repro import sandbox
+from repro.workload.scenario import Workload
+from repro.workload import sandbox
 w = Workload.model_validate(yaml.safe_load(open("experiments/agentic_coding.yaml")))
 tools = w.openai_tools()
 files = ["src/cache/eviction.py", "src/cache/pages.py", "src/stream/writer.py", "src/parser/dsml.py", "src/index/buffers.py",

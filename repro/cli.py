@@ -90,8 +90,8 @@ def gate_command(
     ),
 ) -> None:
     """Exit 0 (pass), 1 (corruption shown above the limit or the baseline) or 125 (inconclusive)."""
-    from repro.gate import evaluate, write_junit
-    from repro.store import check_output
+    from repro.run.gate import evaluate, write_junit
+    from repro.store.rundir import check_output
 
     if junit is not None:
         check_output(junit, [run_dir, *([baseline] if baseline else [])], "--junit")
@@ -164,7 +164,7 @@ def run_command(
 ) -> None:
     """Drive a deployment with concurrent agentic sessions and classify each as clean, corrupt, timeout or error."""
     overrides = {key: value for key, value in locals().items() if key != "config"}
-    from repro.runner import RunOptions, execute_run
+    from repro.run.runner import RunOptions, execute_run
 
     result = execute_run(RunOptions.from_sources(config, overrides))
     raise typer.Exit(result.exit_code)
@@ -218,7 +218,7 @@ def sweep_command(
     import shlex
 
     from repro.matrix.spec import parse_assignments
-    from repro.sweep import SpecDeployment, parse_levels, ray_sweep, run_sweep
+    from repro.sweep.runner import SpecDeployment, parse_levels, ray_sweep, run_sweep
 
     if (cell or var) and spec is None:
         raise UsageError("--cell and --var choose a matrix spec's deployment: give --spec too")
@@ -242,8 +242,8 @@ def export_command(
     output: Path | None = typer.Option(None, "--output", "-o", help="File to write (default: stdout)."),
 ) -> None:
     """One row per turn (session, turn, outcome, rules, latencies, tokens) as CSV or JSON lines."""
-    from repro.export import render, write
-    from repro.store import check_output, load_run
+    from repro.store.export import render, write
+    from repro.store.rundir import check_output, load_run
 
     if fmt not in ("csv", "jsonl"):
         raise UsageError(f"export --format {fmt}: expected csv or jsonl")
@@ -276,7 +276,7 @@ def trace_convert(
     output: Path = typer.Option(..., "--output", "-o", help="The trace file to write (.jsonl)."),
 ) -> None:
     """Rebuild the conversations of an OpenAI request/response log as a trace file."""
-    from repro.trace_convert import convert
+    from repro.workload.convert import convert
 
     calls, conversations = convert(log, output)
     typer.echo(f"trace convert: {calls} calls, {conversations} conversations: wrote {output}")

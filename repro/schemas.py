@@ -41,7 +41,7 @@ def _model(target: Any) -> Callable[[], dict[str, Any]]:
 
 def _matrix_spec() -> dict[str, Any]:
     from repro.matrix.spec import LOAD_NOT_IN_MATRIX, LOAD_SET_BY_MATRIX, MatrixSpec
-    from repro.runner import RunOptions
+    from repro.run.runner import RunOptions
 
     schema = TypeAdapter(MatrixSpec).json_schema(mode="validation")
     # `load` is a plain mapping in the model (RunOptions validates it per cell); the schema spells it out
@@ -56,26 +56,26 @@ def _matrix_spec() -> dict[str, Any]:
 
 
 def _run_options() -> dict[str, Any]:
-    from repro.runner import RunOptions
+    from repro.run.runner import RunOptions
 
     return TypeAdapter(RunOptions).json_schema(mode="validation")
 
 
 def _workload() -> dict[str, Any]:
-    from repro.workload import Workload
+    from repro.workload.scenario import Workload
 
     return TypeAdapter(Workload).json_schema(mode="validation")
 
 
 def _trace() -> dict[str, Any]:
-    from repro.trace import Conversation
+    from repro.workload.trace import Conversation
 
     return TypeAdapter(Conversation).json_schema(mode="validation")
 
 
 def _records(name: str) -> Callable[[], dict[str, Any]]:
     def build() -> dict[str, Any]:
-        import repro.records as records
+        import repro.store.records as records
 
         return _model(getattr(records, name))()
 
@@ -101,7 +101,7 @@ def _plan() -> dict[str, Any]:
 
 
 def _metrics_row() -> dict[str, Any]:
-    from repro.metrics import HEADER
+    from repro.run.metrics import HEADER
 
     types = {"elapsed_s": "number", "metric": "string", "labels": "string", "value": "number"}
     assert tuple(types) == HEADER, "metrics.csv's columns changed: describe the new ones here"

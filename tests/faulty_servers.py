@@ -34,7 +34,7 @@ connection is routed by its first request, so keep one mode per client connectio
 - `chaos`: each session gets `CHAOS[session % len(CHAOS)]`, the session read from its task's ticket
   (`REPRO-<seed>-<session>`), so a test knows which session met which fault.
 
-Raw-text modes (`repro run --observe`, `repro.rawtext`): asked with `logprobs: true`, these modes
+Raw-text modes (`repro run --observe`, `repro.wire.rawtext`): asked with `logprobs: true`, these modes
 send every token's string and bytes (split inside multi-byte characters, so only the bytes rebuild
 the text), on the content chunk or a standalone empty-delta chunk, as SGLang 0.5.23 does:
 - `lp`: well-formed turns, full logprob coverage.
@@ -71,7 +71,7 @@ from starlette.routing import Route
 
 from dsml_checker import ToolCall, render_completion
 from dsml_checker.formats import EOS
-from repro.procs import ManagedProcess, free_port, start_process, wait_http_ready
+from repro.procs.process import ManagedProcess, free_port, start_process, wait_http_ready
 
 MODEL = "faulty-model"
 FINAL_AFTER = 3

@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from repro.reaper import _stat as process_stat
+from repro.procs.reaper import _stat as process_stat
 
 
 def group_gone(pgid: int, timeout: float = 10.0) -> bool:

@@ -16,7 +16,7 @@ import pytest
 from rich.console import Console
 
 from repro.cli import main
-from repro.records import (
+from repro.store.records import (
     FindingRecord,
     Manifest,
     RateEstimate,
@@ -24,8 +24,8 @@ from repro.records import (
     Summary,
     TurnRecord,
 )
-from repro.runner import RunOptions, RunResult, execute_run
-from repro.store import RunWriter, load_run
+from repro.run.runner import RunOptions, RunResult, execute_run
+from repro.store.rundir import RunWriter, load_run
 
 SENTINEL = "｜DSML｜"
 LEAK = f'Let me check.\n\n<{SENTINEL}tool_calls>\n<{SENTINEL}invoke name="get_weather">'

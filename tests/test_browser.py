@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from repro.procs import ManagedProcess
+from repro.procs.process import ManagedProcess
 from repro.report import render_report
 from run_builders import SENTINEL, make_run
 

@@ -9,7 +9,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from repro.client import BodyEncoder, _Clock, _SSEReader
+from repro.wire.client import BodyEncoder, _Clock, _SSEReader
 
 PLAIN = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 TOOLS = [{"type": "function", "function": {"name": "read_file", "parameters": {"type": "object"}}}]

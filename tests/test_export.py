@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from repro.store import load_run
+from repro.store.rundir import load_run
 from run_builders import run, run_main
 
 

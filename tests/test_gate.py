@@ -16,7 +16,7 @@ import yaml
 
 from repro.cli import app
 from repro.errors import UsageError
-from repro.gate import evaluate
+from repro.run.gate import evaluate
 from run_builders import make_run, run_main
 
 

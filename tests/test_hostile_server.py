@@ -15,12 +15,12 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 from run_builders import SENTINEL, run, sse
 
-from repro import sandbox
+from repro.workload import sandbox
 from repro.errors import UsageError
-from repro.records import FindingRecord, Manifest, SessionRecord, TurnRecord
+from repro.store.records import FindingRecord, Manifest, SessionRecord, TurnRecord
 from repro.report import render_report
-from repro.runner import RunOptions
-from repro.store import RunWriter, load_run
+from repro.run.runner import RunOptions
+from repro.store.rundir import RunWriter, load_run
 from repro.untrusted import (
     MAX_DEPTH,
     NestingError,
@@ -28,7 +28,7 @@ from repro.untrusted import (
     parse_json,
     scrub_surrogates,
 )
-from repro.workload import load_workload
+from repro.workload.scenario import load_workload
 
 
 def repro_cli(*args: str | bytes, timeout: float = 120) -> subprocess.CompletedProcess[bytes]:

@@ -21,8 +21,8 @@ import pytest
 from run_builders import make_run, run_main
 
 from repro.errors import EXIT_INTERNAL
-from repro.runner import RunOptions, _run_dir
-from repro.store import load_run
+from repro.run.runner import RunOptions, _run_dir
+from repro.store.rundir import load_run
 
 ROOT = Path(__file__).resolve().parent.parent
 REPRO = [sys.executable, "-c", "from repro.cli import main; main()"]

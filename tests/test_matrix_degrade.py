@@ -19,7 +19,7 @@ from repro.errors import EXIT_INTERNAL, InternalError
 from repro.matrix.analysis import MatrixAnalysis
 from repro.matrix.runner import CELLS, MatrixRunner, run_matrix
 from repro.matrix.spec import MatrixSpec
-from repro.records import RateEstimate, Summary
+from repro.store.records import RateEstimate, Summary
 
 from test_matrix_analysis import analyse_counts, make_spec
 

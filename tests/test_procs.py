@@ -11,7 +11,7 @@ import pytest
 from proc_helpers import group_gone, pid_gone, poll
 
 from repro.errors import TargetError
-from repro.procs import (
+from repro.procs.process import (
     confirm_listener,
     free_port,
     port_in_use,
@@ -67,7 +67,7 @@ def test_missing_executable_is_a_target_error() -> None:
 HARNESS = """
 import sys
 from pathlib import Path
-from repro.procs import start_process
+from repro.procs.process import start_process
 proc = start_process(["bash", "-c", sys.argv[1]], log_path=Path(sys.argv[2]))
 print(proc.pgid, flush=True)
 sys.stdin.read()  # until the test kills us

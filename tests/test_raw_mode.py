@@ -1,6 +1,6 @@
 """Raw mode (`repro run --observe raw|parsed|both`): the generated text rebuilt and judged beside the parsed message.
 
-Pure parts (repro.rawtext) under hypothesis; the rest over real HTTP against the purpose-built servers of
+Pure parts (repro.wire.rawtext) under hypothesis; the rest over real HTTP against the purpose-built servers of
 tests/faulty_servers.py, whose raw modes know what they damaged: the truth is theirs, not the checker's.
 """
 
@@ -18,10 +18,10 @@ from hypothesis import strategies as st
 from run_builders import make_run, run_main
 
 from dsml_checker import ToolCall, render_completion
-from repro.observe import ObservePlan, RenderError, judge, text_request
-from repro.rawtext import CompletionText, GenerateText, LogprobText, RawText
-from repro.records import FindingRecord, Manifest, ParserEffect, SessionRecord, TurnRecord, corrupt_seen
-from repro.store import RunWriter, load_run
+from repro.run.observe import ObservePlan, RenderError, judge, text_request
+from repro.wire.rawtext import CompletionText, GenerateText, LogprobText, RawText
+from repro.store.records import FindingRecord, Manifest, ParserEffect, SessionRecord, TurnRecord, corrupt_seen
+from repro.store.rundir import RunWriter, load_run
 
 PRODUCTION_KEYS = {"model", "messages", "tools", "tool_choice", "max_tokens", "temperature", "stream", "stream_options"}
 

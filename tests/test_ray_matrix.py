@@ -18,8 +18,8 @@ from run_builders import run_main
 
 from repro.errors import UsageError
 from repro.matrix.spec import ResourcesSpec, SpecLoader, load_spec
-from repro.procs import free_port
-from repro.rayutil import task_options
+from repro.procs.process import free_port
+from repro.cluster.rayutil import task_options
 
 SIM_SPEC = ROOT / "matrices" / "sim_hicache_bf16.yaml"
 

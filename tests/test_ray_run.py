@@ -15,9 +15,9 @@ from rich.console import Console
 from run_builders import assert_every_shard_cut_short, run_main
 
 from repro.errors import EXIT_INTERNAL, EXIT_INTERRUPTED
-from repro.rayshards import off_machine
-from repro.runner import RunOptions, execute_run
-from repro.store import load_run
+from repro.run.rayshards import off_machine
+from repro.run.runner import RunOptions, execute_run
+from repro.store.rundir import load_run
 
 PINNED = '[{"node_a": 1}, {"node_b": 1}]'
 """Worker 0 on node_a, worker 1 on node_b."""

@@ -16,7 +16,7 @@ from ray_cluster import Cluster, interrupt_when, lose_node_b, repro, two_nodes
 from run_builders import run_main
 
 from repro.bisect.simrepo import BUILD, DEPLOY, build_repo
-from repro.procs import free_port
+from repro.procs.process import free_port
 
 LOAD = ["--sessions", "16", "--turns", "14"]
 # Long sessions on a fast clock: HiCache with the bf16 index-K corrupts about half the sessions at 16 at once.

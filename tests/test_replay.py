@@ -14,10 +14,10 @@ from typing import Any
 import httpx
 import pytest
 
-from repro.runner import RunResult
-from repro.store import load_run
-from repro.trace import SENT_KEYS, load_trace
-from repro.trace_convert import convert
+from repro.run.runner import RunResult
+from repro.store.rundir import load_run
+from repro.workload.trace import SENT_KEYS, load_trace
+from repro.workload.convert import convert
 from run_builders import run as run_in_process
 from run_builders import run_main
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from repro.gate import evaluate
-from repro.records import Summary
+from repro.run.gate import evaluate
+from repro.store.records import Summary
 from repro.report import render_report
 from repro.report.model import build_model
 

@@ -1,4 +1,4 @@
-"""repro.client against purpose-built faulty servers over real HTTP: every failure is classified, none raises."""
+"""repro.wire.client against purpose-built faulty servers over real HTTP: every failure is classified, none raises."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import anyio
 import pytest
 
 from faulty_servers import start_faulty_server
-from repro.client import MAX_TURN_BYTES, TurnResult, make_client, send_turn
-from repro.procs import free_port
-from repro.transport import Endpoint
+from repro.wire.client import MAX_TURN_BYTES, TurnResult, make_client, send_turn
+from repro.procs.process import free_port
+from repro.wire.transport import Endpoint
 
 TOOLS = [
     {

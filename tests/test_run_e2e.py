@@ -17,10 +17,10 @@ from rich.console import Console
 from run_builders import run
 
 from repro.errors import EXIT_INTERRUPTED, TargetError, UsageError
-from repro.procs import free_port
-from repro.runner import RunOptions, execute_run
+from repro.procs.process import free_port
+from repro.run.runner import RunOptions, execute_run
 from repro.sim.launch import SimHandle
-from repro.store import load_run
+from repro.store.rundir import load_run
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from repro import sandbox
+from repro.workload import sandbox
 from repro.errors import UsageError
-from repro.metrics import metrics_url, parse_samples, server_root
-from repro.records import SessionRecord, TurnRecord
-from repro.runner import RunOptions
-from repro.summary import summarize
-from repro.workload import load_workload, parse_workload
+from repro.run.metrics import metrics_url, parse_samples, server_root
+from repro.store.records import SessionRecord, TurnRecord
+from repro.run.runner import RunOptions
+from repro.store.summary import summarize
+from repro.workload.scenario import load_workload, parse_workload
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -22,7 +22,7 @@ def test_packaged_default_is_the_experiments_file() -> None:
     loaded = load_workload()
     assert loaded.workload.name == "agentic_coding"
     assert loaded.workload.tool_names() == ["read_file", "grep", "list_dir", "edit_file", "run_tests", "finish"]
-    assert (ROOT / "experiments" / "agentic_coding.yaml").read_bytes() == (ROOT / "repro/workloads/agentic_coding.yaml").read_bytes()
+    assert (ROOT / "experiments" / "agentic_coding.yaml").read_bytes() == (ROOT / "repro/workload/builtin/agentic_coding.yaml").read_bytes()
     assert len(loaded.workload.system_prompt) > 2000
 
 

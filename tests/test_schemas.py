@@ -14,7 +14,7 @@ import jsonschema
 import pytest
 import yaml
 
-import repro.records
+import repro.store.records
 from repro.errors import UniqueKeyLoader
 from repro.matrix.spec import SpecLoader
 from repro.schemas import FORMATS_PAGE, SCHEMAS, markdown, render, schema
@@ -46,11 +46,11 @@ def test_the_field_reference_is_what_the_models_produce() -> None:
 
 
 def test_a_field_added_to_a_model_fails_the_drift_tests(monkeypatch: pytest.MonkeyPatch) -> None:
-    class Grown(repro.records.Summary):
+    class Grown(repro.store.records.Summary):
         brand_new_count: int = 0
         """A field someone added."""
 
-    monkeypatch.setattr(repro.records, "Summary", Grown)
+    monkeypatch.setattr(repro.store.records, "Summary", Grown)
     assert "brand_new_count" in render("summary")
     assert render("summary") != (DOCS / "schemas" / "summary.json").read_text(encoding="utf-8")
     assert "`brand_new_count`" in markdown() and markdown() != (DOCS / FORMATS_PAGE).read_text(encoding="utf-8")

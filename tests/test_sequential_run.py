@@ -16,10 +16,10 @@ import pytest
 
 from proc_helpers import poll, wait_for
 from repro.errors import EXIT_INTERRUPTED
-from repro.gate import evaluate
-from repro.records import SessionRecord
-from repro.stopping import BaselineRule, StoppingRule, replay, waves_of
-from repro.store import load_run
+from repro.run.gate import evaluate
+from repro.store.records import SessionRecord
+from repro.run.stopping import BaselineRule, StoppingRule, replay, waves_of
+from repro.store.rundir import load_run
 from run_builders import make_run, run, run_main
 
 

@@ -15,11 +15,11 @@ import pytest
 from faulty_servers import MODEL, huge_reply
 
 from dsml_checker import check
-from repro.client import make_client
-from repro.load import run_load
-from repro.records import SessionRecord
-from repro.session import Session, SessionConfig
-from repro.workload import load_workload
+from repro.wire.client import make_client
+from repro.run.load import run_load
+from repro.store.records import SessionRecord
+from repro.run.session import Session, SessionConfig
+from repro.workload.scenario import load_workload
 
 HUGE_CHARS = 4_000_000
 

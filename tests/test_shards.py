@@ -20,10 +20,10 @@ from rich.console import Console
 from run_builders import assert_every_shard_cut_short
 
 from repro.errors import EXIT_INTERNAL, EXIT_INTERRUPTED
-from repro.runner import RunOptions, RunResult, execute_run
-from repro.shards import shard_sizes
+from repro.run.runner import RunOptions, RunResult, execute_run
+from repro.run.shards import shard_sizes
 from repro.sim.launch import SimHandle
-from repro.store import load_run
+from repro.store.rundir import load_run
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +79,7 @@ def test_two_workers_run_the_same_sessions_as_one_process(
 
 def _shard_pids(mark: str) -> set[int]:
     """The worker processes of the run started with `_marked(mark)` (other runs on the machine are not counted)."""
-    return marked_pids(mark) & pids_where("cmdline", lambda cmdline: b"repro.shards" in cmdline)
+    return marked_pids(mark) & pids_where("cmdline", lambda cmdline: b"repro.run.shards" in cmdline)
 
 
 def _marked(mark: str) -> dict[str, str]:

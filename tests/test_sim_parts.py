@@ -23,7 +23,7 @@ from repro.sim.model import answer, object_for
 from repro.sim.parser import parse_output
 from repro.sim.protocol import Reply, StreamCursor
 from repro.errors import UsageError
-from repro.workload import load_workload
+from repro.workload.scenario import load_workload
 
 TOOLS = [
     {"type": "function", "function": {"name": "read_file", "parameters": {

@@ -15,8 +15,8 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 
-from repro.records import SessionRecord
-from repro.runner import RunOptions, execute_run
+from repro.store.records import SessionRecord
+from repro.run.runner import RunOptions, execute_run
 from repro.sim.model import conversation_key
 
 FAST = ("--time-scale", "0.1")

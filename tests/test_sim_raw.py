@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from dsml_checker import StreamAccumulator
 from dsml_checker.encoding import encode_messages
 from dsml_checker.formats import EOS, THINK_CLOSE
-from repro.sandbox import execute
+from repro.workload.sandbox import execute
 from repro.sim.launch import SimHandle, start_sim
 from repro.sim.model import answer, assistant_turns, conversation_key
 from repro.sim.parser import ParsedOutput
@@ -27,7 +27,7 @@ from repro.sim.prompt_decode import decode_prompt
 from repro.sim.protocol import Reply, StreamCursor
 from repro.sim.server import cut_to_limit
 from repro.sim.tokens import Coverage, token_logprobs, tokenize
-from repro.workload import load_workload
+from repro.workload.scenario import load_workload
 
 WORKLOAD = load_workload().workload
 TOOLS = WORKLOAD.openai_tools()

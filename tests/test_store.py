@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 
 from repro.errors import UsageError
-from repro.records import Manifest, RateEstimate, SessionRecord, Summary, TurnRecord
-from repro.store import RunWriter, load_run, read_sessions
+from repro.store.records import Manifest, RateEstimate, SessionRecord, Summary, TurnRecord
+from repro.store.rundir import RunWriter, load_run, read_sessions
 
 
 def _manifest() -> Manifest:

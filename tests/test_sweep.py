@@ -16,7 +16,7 @@ import pytest
 
 from proc_helpers import poll
 from repro.errors import EXIT_INTERRUPTED, UsageError
-from repro.sweep import LevelResult, analyse, parse_levels
+from repro.sweep.runner import LevelResult, analyse, parse_levels
 from run_builders import run_main
 
 
@@ -78,7 +78,7 @@ def test_sweep_against_a_concurrency_independent_fault(
 
 
 def test_sweep_escapes_what_it_shows(tmp_path: Path) -> None:
-    from repro.sweep import OnsetCurve, SweepResult, write_outputs
+    from repro.sweep.runner import OnsetCurve, SweepResult, write_outputs
 
     levels = analyse([_level(1, 0, 20), _level(8, 0, 20)], confidence=0.95)[0]
     result = SweepResult(name="<b>x</b>|y", target="http://h/<script>alert(1)</script>", confidence=0.95,

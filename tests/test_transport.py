@@ -1,4 +1,4 @@
-"""repro.transport against a purpose-built HTTP/1.1 server on loopback: framing, keep-alive, failures, TLS.
+"""repro.wire.transport against a purpose-built HTTP/1.1 server on loopback: framing, keep-alive, failures, TLS.
 
 The server runs in the test's own event loop (real sockets, no mocks) so that it can count
 connections, hold answers until the test releases them, and see when the client hangs up.
@@ -16,7 +16,7 @@ import anyio
 import pytest
 import trustme
 
-from repro.transport import MAX_HEAD_BYTES, Endpoint, HTTPClient, TransportError
+from repro.wire.transport import MAX_HEAD_BYTES, Endpoint, HTTPClient, TransportError
 
 BODY = b'{"messages": []}'
 PIECES = [b"data: one\n\n", b"data: two\n\n", b"data: [DONE]\n\n"]

@@ -37,7 +37,7 @@ def probe_settings(
     """The probes' settings from the command line; `--config` is a `repro run` YAML whose load options
     apply. A round has `sessions` sessions, else the load options' `sessions`, else DEFAULT_SESSIONS."""
     from repro.bisect.probe import ProbeSettings
-    from repro.runner import RunOptions
+    from repro.run.runner import RunOptions
 
     if mode not in ("sequential", "fixed"):
         raise UsageError(f"--probe must be sequential or fixed, got {mode!r}")

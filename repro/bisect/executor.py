@@ -6,7 +6,7 @@ A Ray task runs the whole probe (checkout, build, deployment start, load rounds,
 directory on its node and returns its result, where it ran and the probe directory as one archive,
 which the driver unpacks into the bisect directory, so the journal, the reports and `--resume` are the
 local executor's. A task that ends without a result (its node died) or that no live node can take is
-a "lost" probe: no evidence about its target. Ctrl-C cancels every task (repro.rayutil.cancel).
+a "lost" probe: no evidence about its target. Ctrl-C cancels every task (repro.cluster.rayutil.cancel).
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from repro.bisect.journal import Journal, probe_name
 from repro.bisect.posterior import ProbePlan
 from repro.bisect.probe import ProbeJob, ProbeResult, describe, run_job
 from repro.errors import ReproError, UsageError
-from repro.node import describe as describe_node
-from repro.node import where
-from repro.rayutil import (
+from repro.cluster.node import describe as describe_node
+from repro.cluster.node import where
+from repro.cluster.rayutil import (
     absolute_workload,
     as_completed,
     asked_resources,

@@ -28,7 +28,7 @@ from repro.bisect.settings import Change, Config, apply, command_line, differenc
 from repro.errors import UsageError
 from repro.matrix.deploy import LaunchPlan
 from repro.matrix.spec import Template
-from repro.procs import free_port
+from repro.procs.process import free_port
 
 OUTCOME = {"bad": "fail", "good": "pass", "undecided": "inconclusive", "inconclusive": "inconclusive"}
 

@@ -21,7 +21,7 @@ from repro.bisect.probe import ProbeResult, launch_plan
 from repro.errors import UsageError
 from repro.matrix.deploy import LaunchPlan
 from repro.matrix.spec import Template
-from repro.procs import free_port, one_line, start_process
+from repro.procs.process import free_port, one_line, start_process
 
 GIT_TIMEOUT_S = 300.0
 

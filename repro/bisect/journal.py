@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from repro.errors import UsageError
-from repro.store import dump_json
+from repro.store.rundir import dump_json
 
 SETUP = "setup.json"
 PROBES = "probes.jsonl"
@@ -55,7 +55,7 @@ class ProbeRecord(BaseModel):
     """Commit bisection: P(culprit = c) for every commit after this probe, then P(none) last."""
     duration_s: float = 0.0
     node: dict[str, str] | None = None
-    """Where the probe ran (repro.node): the host name, and `ray_node_id` under the Ray executor."""
+    """Where the probe ran (repro.cluster.node): the host name, and `ray_node_id` under the Ray executor."""
 
     @property
     def completed(self) -> int:

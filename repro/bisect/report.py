@@ -11,7 +11,7 @@ from typing import Any
 
 import jinja2
 
-from repro.node import describe
+from repro.cluster.node import describe
 from repro.report.markdown import md_escape
 from repro.report.model import fmt_pct, fmt_range
 from repro.report.plots import Plot, encode_figure  # sets matplotlib's Agg backend first

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from repro.matrix.design import Cell
 from repro.matrix.spec import MatrixSpec
-from repro.records import OUTCOMES, OutcomeCounts
+from repro.store.records import OUTCOMES, OutcomeCounts
 from repro.stats import (
     assess_inconclusive,
     benjamini_hochberg,
@@ -55,7 +55,7 @@ class CellRun(BaseModel):
     launch: dict[str, Any] = Field(default_factory=dict)
     duration_s: float = 0.0
     node: dict[str, str] | None = None
-    """Where the run ran (repro.node): hostname, and ray_node_id under the Ray executor."""
+    """Where the run ran (repro.cluster.node): hostname, and ray_node_id under the Ray executor."""
 
 
 Outcome = Literal["corruption", "timeout", "wedge"]

@@ -25,10 +25,10 @@ from urllib.parse import urlsplit
 import httpx
 
 from repro.errors import TargetError, UsageError
-from repro.logcap import is_capped
+from repro.procs.logcap import is_capped
 from repro.matrix.design import PlannedRun
 from repro.matrix.spec import AUTO, Level, MatrixSpec, ProcessSpec, Template
-from repro.procs import (
+from repro.procs.process import (
     ManagedProcess,
     confirm_listener,
     free_port,
@@ -38,7 +38,7 @@ from repro.procs import (
     start_process,
     wait_http_ready,
 )
-from repro.store import dump_json
+from repro.store.rundir import dump_json
 from repro.untrusted import get_bounded, parse_json
 
 PROCESSES_FILE = "processes.json"

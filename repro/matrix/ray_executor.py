@@ -7,7 +7,7 @@ what it printed, and its cells/ and logs/ entries as one archive; the driver unp
 one matrix directory, so progress.jsonl, `--resume` and the analysis are the local executor's.
 
 A task lost with its node (or its worker) is a failed run, which `--resume` reruns. Interrupting the
-driver cancels every task (repro.rayutil.cancel); the `repro.reaper` of each task's worker sweeps the
+driver cancels every task (repro.cluster.rayutil.cancel); the `repro.procs.reaper` of each task's worker sweeps the
 process groups that task launched when the worker dies.
 """
 
@@ -23,8 +23,8 @@ from rich.text import Text
 from repro.matrix.analysis import CellRun
 from repro.matrix.design import PlannedRun
 from repro.matrix.spec import MatrixSpec
-from repro.node import where
-from repro.rayutil import as_completed, captured, connected, pack, printed, replay, scratch, submit, unpack
+from repro.cluster.node import where
+from repro.cluster.rayutil import as_completed, captured, connected, pack, printed, replay, scratch, submit, unpack
 
 
 def _cell_task(spec: MatrixSpec, run: PlannedRun, total: int, cell_reports: bool) -> tuple[str, str, bytes]:

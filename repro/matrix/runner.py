@@ -45,11 +45,11 @@ from repro.matrix.design import Cell, PlannedRun, cells, plan
 from repro.matrix.plan import Plan, PlannedEntry
 from repro.matrix.report import write_reports
 from repro.matrix.spec import AUTO, MatrixSpec, load_spec
-from repro.node import where
-from repro.procs import PortTakenError, one_line
-from repro.rayutil import Executor, check_executor
-from repro.records import Summary
-from repro.store import SUMMARY, dump_json, slug
+from repro.cluster.node import where
+from repro.procs.process import PortTakenError, one_line
+from repro.cluster.rayutil import Executor, check_executor
+from repro.store.records import Summary
+from repro.store.rundir import SUMMARY, dump_json, slug
 
 SPEC_COPY = "spec.yaml"
 PLAN = "plan.json"
@@ -293,7 +293,7 @@ class MatrixRunner:
         """Ray: connected once for every round (execute_on_ray reuses the connection); local: nothing."""
         if self.executor != "ray":
             return contextlib.nullcontext()
-        from repro.rayutil import connected
+        from repro.cluster.rayutil import connected
 
         return connected(self.ray_address)
 
@@ -337,7 +337,7 @@ def run_cell(
     The local executor calls it in this process; the Ray executor in a task on the node the cell's
     resources pick, with `path` a scratch directory whose cells/ and logs/ go back to the driver.
     """
-    from repro.runner import RunOptions, execute_run  # the load layer
+    from repro.run.runner import RunOptions, execute_run  # the load layer
 
     log_dir = path / LOGS / run.key
     launch = resolve(spec, run, log_dir=log_dir)  # for the load's URL; relaunches on lost ports resolve anew
@@ -432,7 +432,7 @@ def run_matrix(
     if ray_address is not None and executor != "ray":
         raise UsageError("--ray-address needs --executor ray")
     if executor == "ray":
-        from repro.rayutil import require_ray
+        from repro.cluster.rayutil import require_ray
 
         require_ray(ray_address)  # before the matrix directory is made
     if resume and out is None:

@@ -472,7 +472,7 @@ def _where(source: Path, lines: dict[tuple, int], loc: tuple) -> str:
 
 
 def _validate_load(spec: MatrixSpec, source: Path, lines: dict[tuple, int]) -> None:
-    from repro.runner import RunOptions  # the load layer; imported here so the spec stays light to import
+    from repro.run.runner import RunOptions  # the load layer; imported here so the spec stays light to import
 
     try:
         RunOptions.model_validate({**spec.load, "base_url": "http://127.0.0.1:1/v1"})

@@ -1,6 +1,6 @@
 """`repro report`: run directories → one self-contained HTML report, plus Markdown and JUnit summaries.
 
-Reads run directories only through `repro.store.load_run`; statistics come from `repro.stats`.
+Reads run directories only through `repro.store.rundir.load_run`; statistics come from `repro.stats`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from repro.report.html import render_html
 from repro.report.junit import render_junit
 from repro.report.markdown import render_markdown
 from repro.report.model import ReportModel, build_model
-from repro.store import _atomic_write as atomic_write
+from repro.store.rundir import _atomic_write as atomic_write
 from repro.untrusted import scrub_surrogates
 
 if TYPE_CHECKING:
@@ -68,7 +68,7 @@ def render_report(
     """Write the HTML report of one or more runs to `output` (and the Markdown and JUnit files when asked)."""
     if not run_dirs:
         raise UsageError("report: give at least one run directory")
-    from repro.store import check_output
+    from repro.store.rundir import check_output
 
     for option, path in (("--output", output), ("--markdown", markdown), ("--junit", junit)):
         if path is not None:

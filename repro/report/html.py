@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import jinja2
 
-from repro.records import OUTCOMES
+from repro.store.records import OUTCOMES
 from repro.report.model import ReportModel, clip, fmt_conf, fmt_pct, fmt_points
 
 if TYPE_CHECKING:

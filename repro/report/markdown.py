@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from repro.records import ParserEffect
+from repro.store.records import ParserEffect
 from repro.report.model import ReportModel, clip, fmt_conf, fmt_pct, fmt_points, fmt_range
 
 # Only what acts mid-line: emphasis, code, links, tables, strikethrough, @mentions and #issue links.

@@ -1,6 +1,6 @@
 """Run directories → the report's view model: counts, intervals, verdicts, comparisons and drill-downs.
 
-Everything here is computed from what `repro.store.load_run` returns (sessions.jsonl is the source of
+Everything here is computed from what `repro.store.rundir.load_run` returns (sessions.jsonl is the source of
 truth, so a run that crashed before writing summary.json still gets a report); the statistics come
 from `repro.stats`. Templates only format what this module decided.
 """
@@ -13,12 +13,12 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Sequence
 
-from repro.node import describe as describe_node
-from repro.records import FindingRecord, OutcomeCounts, ParserEffect, SessionRecord, StoppingRecord, TurnRecord
+from repro.cluster.node import describe as describe_node
+from repro.store.records import FindingRecord, OutcomeCounts, ParserEffect, SessionRecord, StoppingRecord, TurnRecord
 from repro.report.raw import RawExcerpt, read_raw, response_fields
 from repro.stats import Inconclusive, Interval, assess_inconclusive, clopper_pearson, timeout_bounds, upper_bound
 from repro.stats.verdict import MAX_TIMEOUT_FRACTION, MIN_COMPLETED
-from repro.store import METRICS, Run, load_run
+from repro.store.rundir import METRICS, Run, load_run
 
 if TYPE_CHECKING:
     # pandas and the two-sample tests (statsmodels) are imported where used: `repro gate` imports this

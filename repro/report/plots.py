@@ -23,7 +23,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from repro.records import OUTCOMES  # noqa: E402
+from repro.store.records import OUTCOMES  # noqa: E402
 from repro.report.model import RunView  # noqa: E402
 
 OUTCOME_COLOURS = {

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Sequence
 
 from repro.errors import TargetError
-from repro.procs import ManagedProcess, confirm_listener, free_port, port_in_use, start_process, wait_http_ready
+from repro.procs.process import ManagedProcess, confirm_listener, free_port, port_in_use, start_process, wait_http_ready
 
 
 class SimHandle:

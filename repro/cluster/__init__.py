@@ -1,0 +1,1 @@
+"""Where work runs: Ray connection, resources, placement, and which node this process is on."""

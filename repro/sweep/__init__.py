@@ -1,0 +1,1 @@
+"""`repro sweep`: one deployment at several concurrencies, its analysis and its report."""

@@ -1,0 +1,1 @@
+"""The wire: HTTP transport, one streamed chat-completion turn, and the raw text a response carries."""
