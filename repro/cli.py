@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import os
-import sys
-import traceback
 from pathlib import Path
 
 import typer
 
 from repro import __version__
-from repro.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, ReproError, UsageError, handle_interrupts, is_interrupt
+from repro.errors import UsageError, run_main
 
 app = typer.Typer(
     name="repro",
@@ -164,7 +162,8 @@ def run_command(
 ) -> None:
     """Drive a deployment with concurrent agentic sessions and classify each as clean, corrupt, timeout or error."""
     overrides = {key: value for key, value in locals().items() if key != "config"}
-    from repro.run.runner import RunOptions, execute_run
+    from repro.run.options import RunOptions
+    from repro.run.runner import execute_run
 
     result = execute_run(RunOptions.from_sources(config, overrides))
     raise typer.Exit(result.exit_code)
@@ -295,44 +294,6 @@ def sim_serve(ctx: typer.Context) -> None:
     serve(parse_flags(ctx.args))
 
 
-def _from_keyboard_interrupt(err: BaseException) -> bool:
-    """Whether a KeyboardInterrupt lies in the chain of exceptions that `err` was raised from or during."""
-    seen: set[int] = set()
-    cause: BaseException | None = err
-    while cause is not None and id(cause) not in seen:
-        if isinstance(cause, KeyboardInterrupt):
-            return True
-        seen.add(id(cause))
-        cause = cause.__cause__ or cause.__context__
-    return False
-
-
 def main() -> None:
-    """Console entry point: ReproError becomes one line on stderr and its exit code, never a traceback.
-
-    Anything else is a bug: one line and EXIT_INTERNAL, never 0 or 1, which a CI gate or `git bisect
-    run` would read as a verdict. REPRO_DEBUG=1 prints the traceback too.
-    """
-    handle_interrupts()
-    try:
-        app()
-    except ReproError as err:
-        typer.echo(f"repro: error: {err}", err=True)
-        sys.exit(err.exit_code)
-    except BaseException as err:
-        if isinstance(err, SystemExit):
-            if err.code == EXIT_INTERRUPTED and _from_keyboard_interrupt(err):
-                # typer turns a KeyboardInterrupt that reached it into a silent Exit(130)
-                typer.echo("repro: interrupted", err=True)
-            raise
-        if is_interrupt(err):
-            typer.echo("repro: interrupted", err=True)
-            sys.exit(EXIT_INTERRUPTED)
-        if os.environ.get("REPRO_DEBUG"):
-            traceback.print_exc()
-        detail = str(err).splitlines()[0] if str(err) else ""
-        typer.echo(
-            f"repro: internal error (a bug; REPRO_DEBUG=1 shows the traceback): {type(err).__name__}: {detail}",
-            err=True,
-        )
-        sys.exit(EXIT_INTERNAL)
+    """Console entry point (errors and exit codes: repro.errors.run_main)."""
+    run_main(app)

@@ -18,7 +18,8 @@ from run_builders import run
 
 from repro.errors import EXIT_INTERRUPTED, TargetError, UsageError
 from repro.procs.process import free_port
-from repro.run.runner import RunOptions, execute_run
+from repro.run.options import RunOptions
+from repro.run.runner import execute_run
 from repro.sim.launch import SimHandle
 from repro.store.rundir import load_run
 

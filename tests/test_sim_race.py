@@ -14,9 +14,10 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 
-from repro.store.records import SessionRecord
-from repro.run.runner import RunOptions, execute_run
+from repro.run.options import RunOptions
+from repro.run.runner import execute_run
 from repro.sim.faults import PARSER_EFFECTS, read_fault_log
+from repro.store.records import SessionRecord
 
 FAULTY = ("--enable-hierarchical-cache", "--index-k-dtype", "bf16")
 FAST = ("--time-scale", "0.1")

@@ -16,10 +16,24 @@ from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
-    BaseModel, ConfigDict, Field, NonNegativeFloat, ValidationError, WithJsonSchema, field_validator, model_validator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeFloat,
+    ValidationError,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
 )
 
-from repro.errors import UniqueKeyLoader, UsageError, describe_validation_error, load_yaml, yaml_lines
+from repro.errors import (
+    UniqueKeyLoader,
+    UsageError,
+    describe_validation_error,
+    load_yaml,
+    yaml_lines,
+)
+from repro.run.options import STRING_OR_LIST, RunOptions
 
 BUILTIN_VARIABLES = ("python", "flags", "cell", "replicate", "run_seed", "log_dir")
 """Set by the harness per cell: the Python running repro, the cell's shell-quoted flags, the cell name,
@@ -51,10 +65,6 @@ class Template(string.Template):
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
-
-
-STRING_OR_LIST = {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]}
-"""The schema of flags given as one shell-like string or as a list (the validator splits a string)."""
 
 
 def _split_flags(value: Any) -> Any:
@@ -472,7 +482,6 @@ def _where(source: Path, lines: dict[tuple, int], loc: tuple) -> str:
 
 
 def _validate_load(spec: MatrixSpec, source: Path, lines: dict[tuple, int]) -> None:
-    from repro.run.runner import RunOptions  # the load layer; imported here so the spec stays light to import
 
     try:
         RunOptions.model_validate({**spec.load, "base_url": "http://127.0.0.1:1/v1"})

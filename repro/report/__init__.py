@@ -16,6 +16,7 @@ from repro.report.markdown import render_markdown
 from repro.report.model import ReportModel, build_model
 from repro.store.rundir import _atomic_write as atomic_write
 from repro.untrusted import scrub_surrogates
+from repro.store.rundir import check_output
 
 if TYPE_CHECKING:
     from repro.report.plots import Plot
@@ -68,8 +69,6 @@ def render_report(
     """Write the HTML report of one or more runs to `output` (and the Markdown and JUnit files when asked)."""
     if not run_dirs:
         raise UsageError("report: give at least one run directory")
-    from repro.store.rundir import check_output
-
     for option, path in (("--output", output), ("--markdown", markdown), ("--junit", junit)):
         if path is not None:
             check_output(path, run_dirs, option)

@@ -15,11 +15,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 from repro.errors import EXIT_FAILED, EXIT_INCONCLUSIVE, EXIT_OK, UsageError
-from repro.store.records import OutcomeCounts
 from repro.report.junit import gate_cases, junit_xml
 from repro.report.model import fmt_conf, fmt_pct
+from repro.run.stopping import BaselineRule, StoppingRule, max_looks, replay, waves_of
 from repro.stats import assess_inconclusive, clopper_pearson, upper_bound
 from repro.stats.verdict import MAX_TIMEOUT_FRACTION, MIN_COMPLETED
+from repro.store.records import OutcomeCounts
 from repro.store.rundir import DamagedRun, Run, load_run
 
 CheckStatus = Literal["pass", "fail", "inconclusive"]
@@ -150,8 +151,6 @@ def _sequential_rate(run: Run, *, limit: float, confidence: float, min_completed
     """The rate check of a `--until-decided` run: its looks replayed from sessions.jsonl under the gate's own
     limit and confidence. The confidence sequence is valid at every look at once, so the verdict keeps its
     error rate whatever made the run stop (repro.run.stopping)."""
-    from repro.run.stopping import StoppingRule, replay, waves_of
-
     assert run.summary is not None and run.summary.stopping is not None
     rule = StoppingRule(limit=limit, confidence=confidence, min_completed=min_completed)
     looks = replay(rule, waves_of(run.sessions, run.summary.stopping.wave))
@@ -170,8 +169,6 @@ def _sequential_rate(run: Run, *, limit: float, confidence: float, min_completed
 def _sequential_baseline(run: Run, base: Run, *, confidence: float) -> GateCheck:
     """The baseline check of a run that stopped against a baseline: its group-sequential looks replayed, each at
     alpha over the planned looks (repro.run.stopping), so stopping early does not raise the error rate."""
-    from repro.run.stopping import BaselineRule, max_looks, replay, waves_of
-
     assert run.summary is not None and run.summary.stopping is not None
     stop = run.summary.stopping
     ref = OutcomeCounts.of(base.sessions)

@@ -23,9 +23,9 @@ from typing import Any, Literal
 from dsml_checker import Verdict, check, encode_messages
 from dsml_checker.server_parsers import DEFAULT_PARSER, parse_as
 from dsml_checker.verdicts import judge_turn
-from repro.wire.rawtext import RawCollector, RawSource, RawText, collector
 from repro.store.records import FindingRecord, TurnVerdict
 from repro.untrusted import parse_json
+from repro.wire.rawtext import RawCollector, RawSource, RawText, collector
 
 ObserveMode = Literal["raw", "parsed", "both"]
 RawEndpoint = Literal["completions", "generate"]

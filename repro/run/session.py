@@ -22,14 +22,22 @@ from typing import Any, Callable
 
 import anyio
 
-from repro.workload import sandbox
-from repro.wire.client import MAX_TURN_BYTES, BodyEncoder, TurnResult, send_turn
-from repro.run.observe import Judgement, ObservePlan, RenderError, finding_records, judge, parse_text, turn_request
-from repro.wire.rawtext import RawText
+from repro.run.observe import (
+    Judgement,
+    ObservePlan,
+    RenderError,
+    finding_records,
+    judge,
+    parse_text,
+    turn_request,
+)
 from repro.store.records import SessionRecord, TurnRecord, corrupt_seen
-from repro.workload.trace import Trace
+from repro.wire.client import MAX_TURN_BYTES, BodyEncoder, TurnResult, send_turn
+from repro.wire.rawtext import RawText
 from repro.wire.transport import Endpoint, HTTPClient
+from repro.workload import sandbox
 from repro.workload.scenario import Workload
+from repro.workload.trace import Trace
 
 _OFF_LOOP_BYTES = 1 << 16
 """Replies this long or longer are judged off the event loop (about a millisecond of checking per 64 KB)."""

@@ -7,7 +7,17 @@ from pathlib import Path
 from typing import Sequence
 
 from repro.errors import TargetError
-from repro.procs.process import ManagedProcess, confirm_listener, free_port, port_in_use, start_process, wait_http_ready
+from repro.procs.process import (
+    ManagedProcess,
+    confirm_listener,
+    free_port,
+    port_in_use,
+    start_process,
+    wait_http_ready,
+)
+
+EMBEDDED_SIM_ARGS = ("--enable-hierarchical-cache", "--index-k-dtype", "bf16", "--enable-metrics", "--enable-cache-report")
+"""The seeds' faulty configuration: HiCache on, bf16 index-K, no index-K gate (the fix flag absent); metrics on."""
 
 
 class SimHandle:

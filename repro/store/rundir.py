@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -365,11 +364,21 @@ def check_output(output: Path, run_dirs: list[Path], option: str) -> None:
         raise UsageError(f"{option} {output}: cannot resolve the path: {why}") from None
 
 
-def slug(text: str) -> str:
-    """A file-name-safe form of a run or cell name."""
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-") or "run"
-
-
 def dump_json(path: Path, data: object) -> None:
     """Atomically write plain JSON (for files outside the run directory's models, e.g. matrix.json)."""
     _atomic_write(Path(path), json.dumps(data, indent=2, sort_keys=False) + "\n")
+
+
+def read_recorded(directory: Path, name: str, *, kind: str) -> dict:
+    """The JSON object `name` that a bisect or matrix directory keeps for `--resume`; a UsageError naming
+    the directory and what is wrong with it (missing, unreadable, not a JSON object)."""
+    file = directory / name
+    if not file.exists():
+        raise UsageError(f"--resume {directory}: not a {kind} directory (no {name})")
+    try:
+        recorded = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as err:
+        raise UsageError(f"--resume {directory}: {name} is damaged ({type(err).__name__})") from None
+    if not isinstance(recorded, dict):
+        raise UsageError(f"--resume {directory}: {name} is damaged (not a JSON object)")
+    return recorded
