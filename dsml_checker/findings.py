@@ -53,6 +53,7 @@ RULES: dict[str, Rule] = {
     "call-lost": Rule("hard", "the raw text shows a complete invoke that the parsed message has no call for"),
     "param-lost": Rule("hard", "a parsed call lacks a parameter that its invoke in the raw text shows"),
     "value-cut": Rule("hard", "a parsed string argument is a cut-short copy of the value the raw text shows (blanks aside)"),
+    "parser-error": Rule("hard", "the server's parser raised on the raw text (run client-side): the server would have failed the turn"),
     # soft (rules 10–11)
     "repetition-loop": Rule("soft", "a short unit repeats in a loop (0000…, repeated n-grams)"),
     "rare-chars": Rule("soft", "a run of replacement, control, private-use or other rare characters"),
@@ -62,6 +63,7 @@ RULES: dict[str, Rule] = {
     # raw text against DeepSeek's reference grammar (check_raw): every departure is hard, since a strict parser
     # rejects the turn and today's lenient ones repair, drop or duplicate calls without a trace
     "raw-eos-early": Rule("hard", "raw: text generated after the end-of-sentence token"),
+    "raw-think-missing": Rule("hard", "raw: thinking mode was on and the complete text has no </think>: the reasoning never ended"),
     "raw-think-replayed": Rule("hard", "raw: a second </think> in the answer: the reasoning replayed after it"),
     "raw-dsml-in-reasoning": Rule("hard", "raw: tool-call markup before </think>: the block emitted while thinking"),
     "raw-sentinel-garbled": Rule("hard", "raw: a DSML tag with ASCII, doubled or ‖ bars, or spaces, in its sentinel"),

@@ -155,6 +155,13 @@ def _raw(text: str, finish: str | None = "stop", **kw: Any) -> dict[str, Any]:
 # rule -> (raw texts that must fire it, clean look-alikes that must not)
 RAW_CASES: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {
     "raw-eos-early": ([_raw(GOOD + "again"), _raw(ANSWER.replace(EOS, EOS + " Hello"))], [_raw(GOOD), _raw(GOOD.removesuffix(EOS))]),
+    # A missing </think> is judged only when the request's thinking mode is known to be on.
+    "raw-think-missing": (
+        [_raw(ANSWER.split(THINK_CLOSE)[1], thinking=True), _raw(GOOD.replace(THINK_CLOSE, "\n"), thinking=True),
+         _raw(GOOD.replace(THINK_CLOSE, ""), finish=None, thinking=True)],
+        [_raw(ANSWER, thinking=True), _raw(ANSWER.split(THINK_CLOSE)[1]), _raw(ANSWER.split(THINK_CLOSE)[1], thinking=False),
+         _raw("The user greets me and I", finish="length", thinking=True)],
+    ),
     "raw-think-replayed": (
         [_raw(ANSWER.replace(EOS, THINK_CLOSE + "The user greets me." + EOS)), _raw(GOOD.replace(EOS, THINK_CLOSE + EOS)),
          _raw(ANSWER.replace("Hello!", "Use `</think>` to end."))],
@@ -251,7 +258,7 @@ MISSES = [(rule, i, case) for rule, (_, negative) in RAW_CASES.items() for i, ca
 
 def judge(case: dict[str, Any]) -> Any:
     return check_raw(case["raw"], tools=case.get("tools", TOOLS), tool_choice=case.get("tool_choice"),
-                     finish_reason=case["finish_reason"], fmt=case.get("fmt", "v4"))
+                     finish_reason=case["finish_reason"], fmt=case.get("fmt", "v4"), thinking=case.get("thinking"))
 
 
 def test_every_raw_rule_has_cases() -> None:
