@@ -45,7 +45,7 @@ RULES: dict[str, Rule] = {
     "tool-choice-mismatch": Rule("hard", "tool_choice named a function but another function was called"),
     # what today's parsers make of damaged text (docs/parser-recall.md); hard, because each changes what the agent
     # acts on, and each has a clean look-alike kept out by its threshold
-    "duplicate-call": Rule("hard", "the same call (name, equal non-empty arguments) twice in one turn: a re-sent block parsed twice"),
+    "duplicate-call": Rule("hard", "the same call (name, equal arguments, none included) twice in one turn: a re-sent block parsed twice"),
     "reasoning-replayed": Rule("hard", "the content holds the reasoning (whole, 48+ characters, or a cut replay of 200+)"),
     "bare-tool-tags": Rule("hard", "<invoke name=…>/<parameter name=…> without the sentinel, naming the request's tools or parameters"),
     "resent-prefix": Rule("hard", "the text opens with a streaming buffer re-sent growing (Let me checkLet me check the…)"),
