@@ -19,7 +19,7 @@ class Rule(NamedTuple):
 RULES: dict[str, Rule] = {
     # content and reasoning_content (docs/checker-rules.md)
     "sentinel": Rule("hard", "the DSML sentinel ｜DSML｜ appears in text outside a code span or fence"),
-    "sentinel-variant": Rule("hard", "a garbled sentinel (ASCII, doubled or ‖ bars, spaces, other case, misspelt) next to a DSML tag word"),
+    "sentinel-variant": Rule("hard", "a garbled sentinel (ASCII, doubled or ‖ bars, a bar dropped or lost as U+FFFD, spaces, other case, misspelt) next to a DSML tag word"),
     "wrapper-tag": Rule("hard", "a tool-call block opener or closer, exact or misspelled, appears in text"),
     "bare-invoke": Rule("hard", "an invoke opener appears in text with no block opener before it"),
     "orphan-closer": Rule("hard", "a DSML closing tag appears in text without its opening tag"),
@@ -66,7 +66,7 @@ RULES: dict[str, Rule] = {
     "raw-think-missing": Rule("hard", "raw: thinking mode was on and the complete text has no </think>: the reasoning never ended"),
     "raw-think-replayed": Rule("hard", "raw: a second </think> in the answer: the reasoning replayed after it"),
     "raw-dsml-in-reasoning": Rule("hard", "raw: tool-call markup before </think>: the block emitted while thinking"),
-    "raw-sentinel-garbled": Rule("hard", "raw: a DSML tag with ASCII, doubled or ‖ bars, or spaces, in its sentinel"),
+    "raw-sentinel-garbled": Rule("hard", "raw: a DSML tag with ASCII, doubled or ‖ bars, a bar dropped or lost as U+FFFD, or spaces, in its sentinel"),
     "raw-opener-misspelled": Rule("hard", "raw: the block opener misspelled or foreign (<｜DSML｜toolcalls>, function_calls in V4)"),
     "raw-opener-missing": Rule("hard", "raw: complete invokes with no block opener before them"),
     "raw-bare-invoke": Rule("hard", "raw: an invoke opener outside any block, never closed"),

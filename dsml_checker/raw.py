@@ -43,7 +43,7 @@ from dsml_checker.formats import (
     parse_calls,
 )
 from dsml_checker.invokes import QUOTES, dsml_tags
-from dsml_checker.text_rules import MARKUP_RULES
+from dsml_checker.text_rules import LOST_BAR_RE, MARKUP_RULES
 
 _FIELD = "raw"
 _ODD_QUOTES = QUOTES.replace('"', "")  # in place of the ASCII '"' the grammar wants
@@ -99,7 +99,9 @@ def _known_tag(text: str, at: int, closing: bool, word: str, tags: DsmlTags, *, 
 
 def _garbled_near(text: str, at: int) -> bool:
     window = text[max(0, at - 4) : at + 16]
-    return "|DSML" in window or "DSML|" in window or "｜｜" in window or "‖" in window
+    if "|DSML" in window or "DSML|" in window or "｜｜" in window or "‖" in window:
+        return True
+    return any(SENTINEL not in m.group(0) for m in LOST_BAR_RE.finditer(text, max(0, at - 4), at + 24))
 
 
 def _odd_quote_near(text: str, at: int) -> bool:

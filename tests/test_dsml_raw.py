@@ -12,8 +12,8 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from dsml_checker import RULES, ToolCall, check_raw, render_completion
-from dsml_checker.formats import EOS, THINK_CLOSE
+from dsml_checker import RULES, ToolCall, check, check_raw, render_completion
+from dsml_checker.formats import EOS, SENTINEL, THINK_CLOSE
 from repro.sim.corrupt import OPERATORS
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -83,6 +83,30 @@ def test_a_clean_render_cut_anywhere_by_length_is_clean(turn: tuple[str | None, 
     verdict = check_raw(cut, tools=tools_for(calls) or None, tool_choice="required" if calls else None, finish_reason="length", fmt=fmt)
     assert verdict.label == "clean", (cut, verdict.to_dict())
     assert set(verdict.rules) <= {"raw-truncated"}
+
+
+# The sentinel with a bar dropped, or a bar's bytes lost at a token boundary (U+FFFD, or nothing at all): what
+# a real streaming detokeniser produced when a character was split across tokens.
+LOST_BARS = ["DSML｜", "｜DSML", "\ufffdDSML｜", "｜DSML\ufffd", "\ufffd\ufffd\ufffdDSML｜", "DSML"]
+
+
+@SETTINGS
+@given(turn=turns(thinking=True), fmt=st.sampled_from(["v4", "v32", "v41"]), data=st.data())
+def test_a_sentinel_that_lost_a_bar_is_flagged_raw_and_parsed(turn: tuple[str | None, str, list[ToolCall]], fmt: str,
+                                                              data: st.DataObject) -> None:
+    reasoning, content, calls = turn
+    assume(calls)
+    raw = render_completion(reasoning=reasoning, content=content, calls=calls, fmt=fmt)
+    sites = [i for i in range(len(raw)) if raw.startswith(SENTINEL, i)]
+    lost = data.draw(st.sampled_from(LOST_BARS))
+    at = data.draw(st.sampled_from(sites))
+    damaged = raw[:at] + lost + raw[at + len(SENTINEL) :]
+    verdict = check_raw(damaged, tools=tools_for(calls), finish_reason="tool_calls", fmt=fmt)
+    assert verdict.label == "corrupt", (damaged, verdict.to_dict())
+    # Every sentinel damaged so: a server that read none of the markup returns it all as content.
+    everywhere = raw.replace(SENTINEL, lost).partition(THINK_CLOSE)[2].removesuffix(EOS)
+    parsed = check({"role": "assistant", "content": everywhere}, finish_reason="stop", tools=tools_for(calls))
+    assert "sentinel-variant" in parsed.rules, (everywhere, parsed.to_dict())
 
 
 def _damaged(raw: str, op: str, tool: str) -> str | None:
