@@ -224,7 +224,9 @@ def _judge_block(block: str, at: int, fmt: str, truncated: bool, out: _Out) -> t
         if any(SENTINEL in s for s in _strings(call.arguments)):
             out.add("raw-markup-in-value", at, at + end)
         for key in call.arguments:
-            if '"' in key or "\n" in key or SENTINEL in key:
+            # Blanks or "=" in a parameter name: an attribute pasted into it (`name="q string="true">`), which
+            # SGLang 0.5.23's parser (deepseek-recipe) reads to the first blank, writing invalid JSON.
+            if '"' in key or "\n" in key or SENTINEL in key or "=" in key or " " in key:
                 out.add(_key_rule(key), at, at + end)
     return calls, end
 

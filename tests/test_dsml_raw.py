@@ -266,8 +266,11 @@ RAW_CASES: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {
     ),
     "raw-tag-grammar": (
         [_raw(GOOD.replace("</｜DSML｜parameter>\n<", "</｜DSML｜parameter>\n\n<")), _raw(GOOD.replace('<｜DSML｜invoke name="', '<｜DSML｜invoke  name="')),
-         _raw(GOOD.replace("<｜DSML｜tool_calls>\n<", "<｜DSML｜tool_calls>\n\n<"))],
-        [_raw(GOOD), _raw(render_completion(reasoning="r", content="x", calls=[ToolCall("submit", {})]))],
+         _raw(GOOD.replace("<｜DSML｜tool_calls>\n<", "<｜DSML｜tool_calls>\n\n<")),
+         # an attribute pasted into a parameter name, which deepseek-recipe reads to its first blank
+         _raw(GOOD.replace('name="city"', 'name="c string=ity"')), _raw(GOOD.replace('name="days"', 'name="d xays"'))],
+        [_raw(GOOD), _raw(render_completion(reasoning="r", content="x", calls=[ToolCall("submit", {})])),
+         _raw(render_completion(reasoning="r", content="x", calls=[ToolCall("get_weather", {"city": "a b=c", "days": 1})]))],
     ),
     "raw-truncated": (
         [_raw(GOOD.removesuffix(EOS)[:-10], "length"), _raw(GOOD[:24], "length"), _raw(ANSWER[:-len(EOS) - 2] + "\n\n<｜DS", "length")],
