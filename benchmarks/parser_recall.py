@@ -19,7 +19,10 @@ by how often the simulator injects it: its share of `repro.sim.corrupt.damage` o
 the generated classes are outside that weighting and are totalled separately, unweighted ("changed" is
 the share whose parsed output differs from the undamaged answer's; "raw misses" counts those the raw
 verdict still calls clean). Two generated classes cut the text as a max-tokens limit does (finish
-"length"): a cut is no damage, so they are left out of the generated recall total.
+"length"): a cut is no damage, so they are left out of the generated recall total. What the raw
+verdict misses there is damage that leaves the grammar whole: a letter lost from a value, a newline or
+a quote added to a value or to the prose. The text is still well-formed DSML with other words in it, so
+no check of the markup can see it; only the values' meaning could.
 The clean row runs the undamaged answers through both verdicts: every non-zero figure there is a false
 positive.
 
