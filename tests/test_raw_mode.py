@@ -514,3 +514,26 @@ def test_a_lost_call_is_hidden_when_the_model_broke_it_and_made_when_the_parser_
             corrupt_seen=corrupt_seen([turn]),
         )
         assert (turn.parser_effect, session.parser_effect, session.corrupt_seen) == (effect, effect, seen)
+
+
+def test_the_requests_thinking_mode_reaches_the_raw_verdict() -> None:
+    # Thinking was on, the model never wrote </think>: every reasoning parser files the whole answer under
+    # reasoning_content. Only the request's thinking mode tells the raw check that the close is missing.
+    text = "Hello! How can I help?" + "<｜end▁of▁sentence｜>"
+    message = {"role": "assistant", "content": "Hello! How can I help?", "reasoning_content": None}
+    for thinking, label in ((True, "corrupt"), (False, "clean")):
+        verdicts = judge(ObservePlan("both", "logprobs", thinking=thinking), message, finish_reason="stop", tools=None,
+                         tool_choice=None, rawtext=RawText("logprobs", text, True))
+        assert verdicts.raw is not None and verdicts.raw.label == label
+        assert ("raw-think-missing" in verdicts.raw.rules) is thinking
+        assert verdicts.verdict == label
+
+
+def test_a_client_parser_error_is_a_turn_verdict_with_its_reason() -> None:
+    text = "Plan.</think>Fine." + "<｜end▁of▁sentence｜>"
+    reason = "deepseek-recipe raised UnicodeEncodeError: surrogates not allowed"
+    verdicts = judge(ObservePlan("both", "completions"), {"role": "assistant", "content": ""}, finish_reason="stop",
+                     tools=None, tool_choice=None, rawtext=RawText("completions", text, True), parser_error=reason)
+    assert verdicts.verdict == "corrupt" and verdicts.parsed.rules == ("parser-error",)
+    assert verdicts.parsed.findings[0].excerpt == reason
+    assert verdicts.raw is not None and verdicts.raw.label == "clean"

@@ -27,6 +27,10 @@ def _code(text: str) -> str:
     return "`" + re.sub(r"[`\s]+", " ", clip(text)) + "`"
 
 
+def _parser(parser: str | None) -> str:
+    return f" (parser: {md_escape(parser)})" if parser else ""
+
+
 def _effect(effect: ParserEffect | None, kind: str) -> str:
     """`hidden` or `made` sessions of the parser, over the sessions that verdict found corrupt."""
     if effect is None:
@@ -53,7 +57,7 @@ def render_markdown(model: ReportModel) -> str:
         lines.append(
             f"| {md_escape(run.name)} | {c.total} | {c.clean} | {c.corrupt} | {c.timeout} | {c.error} | {c.wedged} "
             f"| {c.corrupt}/{c.completed} = {fmt_pct(run.rate.estimate)} | {fmt_range(run.rate.low, run.rate.high)} "
-            f"| {fmt_pct(run.upper)} | {run.observe} | {_effect(run.effect, 'hidden')} | {_effect(run.effect, 'made')} |"
+            f"| {fmt_pct(run.upper)} | {run.observe}{_parser(run.parser)} | {_effect(run.effect, 'hidden')} | {_effect(run.effect, 'made')} |"
         )
     if model.comparisons:
         lines += [

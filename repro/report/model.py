@@ -189,6 +189,8 @@ class RunView:
     """What the run judged: parsed (runs from before raw mode too), raw or both."""
     effect: ParserEffect | None = None
     """How much damage the server's parser hid and made (raw and both modes)."""
+    parser: str | None = None
+    """Which parser code turned the text into messages: the client-side one, else the simulator's (None: unknown)."""
     stopping: StoppingRecord | None = None
     """How a `--until-decided` run stopped."""
     node: str | None = None
@@ -373,6 +375,15 @@ def _session_view(run: Run, session: SessionRecord) -> SessionView:
     )
 
 
+def _parser_used(observe: dict[str, Any], server_info: dict[str, Any]) -> str | None:
+    """`<parser> (<implementation>)` from the manifest: the client-side parser, else the simulator's."""
+    if observe.get("client_parser_implementation"):
+        return f"{observe.get('client_parser')} ({observe['client_parser_implementation']})"
+    if server_info.get("tool_parser_implementation"):
+        return f"{server_info.get('tool_parser')} ({server_info['tool_parser_implementation']})"
+    return None
+
+
 def run_view(run: Run, *, confidence: float = 0.95) -> RunView:
     """OutcomeCounts, intervals and the verdict for one run, with thresholds taken from the run's own options."""
     counts = OutcomeCounts.of(run.sessions)
@@ -392,6 +403,7 @@ def run_view(run: Run, *, confidence: float = 0.95) -> RunView:
     interrupted = bool(run.summary and run.summary.interrupted)
     observe = str((run.manifest.observe or {}).get("mode") or "parsed")
     effect = ParserEffect.of(run.sessions) if observe in ("raw", "both") else None
+    parser = _parser_used(run.manifest.observe or {}, run.manifest.server_info or {})
     target = run.manifest.target
     by_outcome = {
         outcome: [_session_view(run, s) for s in run.sessions if s.outcome == outcome]
@@ -421,6 +433,7 @@ def run_view(run: Run, *, confidence: float = 0.95) -> RunView:
         notes=[metrics_note] if metrics_note else [],
         observe=observe,
         effect=effect,
+        parser=parser,
         stopping=run.summary.stopping if run.summary is not None else None,
         node=describe_node(run.manifest.node),
         workers=[

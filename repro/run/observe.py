@@ -6,8 +6,10 @@
   and the generated text is rebuilt from the token strings (repro.wire.rawtext).
 - `both` / `raw` with source `completions` or `generate` (a server whose chat logprobs do not cover
   the tool-call tokens): the conversation is rendered client-side by DeepSeek's encoder and sent to
-  the raw-text endpoint; the tool calls are parsed client-side by an emulation of a real server's
-  parser (`dsml_checker.server_parsers.parse_as`), and the session goes on with those.
+  the raw-text endpoint; the tool calls are parsed client-side as a real server's parser does
+  (`dsml_checker.server_parsers.parse_as`: DeepSeek's own parser for sglang-0.5.23 where it is
+  installed, else an emulation), and the session goes on with those. A text the parser raises on
+  becomes the turn's `parser-error` finding, as the server would have failed the request.
 
 `judge` gives each turn its verdicts (`dsml_checker.verdicts.judge_turn`): on the parsed message (what
 an agent saw, so the same as in `parsed` mode), on the raw text (what the model emitted), on what the
@@ -20,8 +22,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from dsml_checker import Verdict, check, encode_messages
-from dsml_checker.server_parsers import DEFAULT_PARSER, parse_as
+from dsml_checker import Verdict, check, check_raw, encode_messages
+from dsml_checker.findings import make_finding
+from dsml_checker.server_parsers import DEFAULT_PARSER, NativeParserError, implementation, parse_as
 from dsml_checker.verdicts import judge_turn
 from repro.store.records import FindingRecord, TurnVerdict
 from repro.untrusted import parse_json
@@ -63,13 +66,16 @@ class ObservePlan:
         if self.source == "logprobs":
             request = "the production chat request with logprobs: true, top_logprobs: 0"
         elif self.text_endpoint:
-            parsed_on = f"a client-side emulation of the {self.client_parser} parser over the {self.source} text"
+            parser = self.client_parser or DEFAULT_PARSER
+            parsed_on = f"the {parser} parser ({implementation(parser)}) run client-side over the {self.source} text"
             request = f"{self.source} request with the prompt rendered client-side (DeepSeek encoder, {self.fmt})"
         return {
             "mode": self.mode,
             "raw_source": self.source,
             "raw_url": self.raw_url,
             "client_parser": self.client_parser if self.text_endpoint else None,
+            "client_parser_implementation": implementation(self.client_parser or DEFAULT_PARSER)
+            if self.text_endpoint else None,
             "fmt": self.fmt,
             "parsed_verdict_on": parsed_on,
             "request": request,
@@ -141,20 +147,25 @@ def turn_request(plan: ObservePlan, payload: dict[str, Any]) -> tuple[dict[str, 
 
 def parse_text(
     plan: ObservePlan, text: str, finish_reason: str | None, *, tools: Any, tool_choice: Any, turn: int
-) -> tuple[dict[str, Any], str | None]:
-    """A raw-text endpoint's text as the message and finish reason the emulated server would have returned."""
-    parsed = parse_as(
-        plan.client_parser or DEFAULT_PARSER,
-        text,
-        tools=tools,
-        tool_choice=tool_choice,
-        fmt=plan.fmt,
-        finish_reason=finish_reason if finish_reason in ("stop", "length") else None,
-    )
+) -> tuple[dict[str, Any], str | None, str | None]:
+    """A raw-text endpoint's text as the message and finish reason the server would have returned, and the
+    parser's error when it raised on the text (then an empty message: the server would have answered none)."""
+    try:
+        parsed = parse_as(
+            plan.client_parser or DEFAULT_PARSER,
+            text,
+            tools=tools,
+            tool_choice=tool_choice,
+            fmt=plan.fmt,
+            finish_reason=finish_reason if finish_reason in ("stop", "length") else None,
+            thinking=plan.thinking,
+        )
+    except NativeParserError as err:
+        return {"role": "assistant", "content": "", "reasoning_content": None, "tool_calls": None}, finish_reason, str(err)
     message = parsed.message()
     for position, call in enumerate(message["tool_calls"] or []):
         call["id"] = f"call_{turn}_{position}"
-    return message, parsed.finish_reason
+    return message, parsed.finish_reason, None
 
 
 @dataclass(frozen=True)
@@ -177,13 +188,23 @@ def judge(
     tools: Any,
     tool_choice: Any,
     rawtext: RawText | None,
+    parser_error: str | None = None,
 ) -> Judgement:
-    """Both verdicts of a turn and how they combine under the plan's mode (module docstring)."""
+    """Both verdicts of a turn and how they combine under the plan's mode (module docstring). A client-side
+    parser's error is a hard `parser-error` finding on the parsed verdict (the server would have failed)."""
+    if parser_error is not None:
+        failed = Verdict.of((make_finding("parser-error", "parser", parser_error, 0, len(parser_error)),))
+        raw = None
+        if rawtext is not None and rawtext.complete:
+            raw = check_raw(rawtext.text, tools=tools, tool_choice=tool_choice, finish_reason=finish_reason,
+                            fmt=plan.fmt, thinking=plan.thinking)
+        return Judgement(raw.label if plan.mode == "raw" and raw is not None else "corrupt", failed, raw)
     if rawtext is None or not rawtext.complete:
         parsed = check(message, finish_reason=finish_reason, tools=tools, tool_choice=tool_choice)
         return Judgement(parsed.label, parsed, None)
     verdicts = judge_turn(
-        message, rawtext.text, finish_reason=finish_reason, tools=tools, tool_choice=tool_choice, fmt=plan.fmt
+        message, rawtext.text, finish_reason=finish_reason, tools=tools, tool_choice=tool_choice, fmt=plan.fmt,
+        thinking=plan.thinking,
     )
     label = verdicts.raw.label if plan.mode == "raw" else verdicts.label
     return Judgement(label, verdicts.parsed, verdicts.raw, verdicts.lost)

@@ -130,7 +130,8 @@ def _assistant_message(message: dict[str, Any], turn: int) -> tuple[dict[str, An
     return history, calls
 
 
-async def _judge(plan: ObservePlan, result: TurnResult, tools: Any, tool_choice: Any, rawtext: RawText | None) -> Judgement:
+async def _judge(plan: ObservePlan, result: TurnResult, tools: Any, tool_choice: Any, rawtext: RawText | None,
+                 parser_error: str | None = None) -> Judgement:
     """The turn's verdicts; a long reply is judged in a worker thread, so the event loop goes on timing the
     other sessions (their stall watchdogs, their chunk gaps) meanwhile.
 
@@ -140,7 +141,8 @@ async def _judge(plan: ObservePlan, result: TurnResult, tools: Any, tool_choice:
     """
     assert result.message is not None
     verdicts = functools.partial(
-        judge, plan, result.message, finish_reason=result.finish_reason, tools=tools, tool_choice=tool_choice, rawtext=rawtext
+        judge, plan, result.message, finish_reason=result.finish_reason, tools=tools, tool_choice=tool_choice, rawtext=rawtext,
+        parser_error=parser_error,
     )
     if len(result.raw) < _OFF_LOOP_BYTES:
         return verdicts()
@@ -253,10 +255,11 @@ class Session:
         )
         record = self._turn_record(index, start_s, result)
         rawtext: RawText | None = None
+        parser_error: str | None = None
         if collector is not None and result.status == "ok":
             rawtext = collector.result(result.message)
             if config.observe.text_endpoint:
-                result.message, result.finish_reason = parse_text(
+                result.message, result.finish_reason, parser_error = parse_text(
                     config.observe, rawtext.text, result.finish_reason,
                     tools=self._tools, tool_choice=self._tool_choice, turn=index,
                 )
@@ -269,7 +272,7 @@ class Session:
                 self.error = f"session budget of {config.timeout:g}s used up during turn {index}"
             self._add(record, result)
             return None
-        judgement = await _judge(config.observe, result, self._tools, self._tool_choice, rawtext)
+        judgement = await _judge(config.observe, result, self._tools, self._tool_choice, rawtext, parser_error)
         self._record_judgement(record, judgement, rawtext)
         record.tool_calls = [call["function"]["name"] for call in _assistant_message(result.message, index)[1]]
         self._add(record, result, rawtext)

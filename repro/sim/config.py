@@ -12,6 +12,7 @@ from typing import Any, Literal, NoReturn, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from dsml_checker.server_parsers import implementation
 from repro.errors import UsageError, describe_validation_error
 
 SIM_VERSION = "0.5.0-sim"
@@ -28,7 +29,8 @@ class SimConfig(BaseModel):
     served_model_name: str = "deepseek-ai/DeepSeek-V4"
     tool_call_parser: str = "deepseekv4"
     tool_parser: Literal["sglang-0.5.23", "sglang-0.5.20", "vllm-0.33"] = "sglang-0.5.23"
-    """Whose DeepSeek-V4 parser the server emulates (dsml_checker.server_parsers.PARSERS)."""
+    """Whose DeepSeek-V4 parser the server runs (dsml_checker.server_parsers.PARSERS): the real one where it is
+    installed (sglang-0.5.23: deepseek-recipe), else its emulation; /server_info says which."""
     reasoning_parser: str = "deepseek-v4"
     kv_cache_dtype: str = "fp8_e4m3"
     page_size: int = Field(64, ge=1)
@@ -84,7 +86,8 @@ _FLAG_HELP: dict[str, str] = {
     "logprobs_coverage": "chat log-probabilities: full (as SGLang 0.5.23), no-tool-calls (withheld from the "
                          "tool-call block on), or none",
     "warmup": "seconds during which /health answers 503",
-    "tool_parser": "the server-side parser emulated: sglang-0.5.23 (deepseek-recipe), sglang-0.5.20 or vllm-0.33",
+    "tool_parser": "the server-side parser: sglang-0.5.23 (deepseek-recipe itself where installed, else its "
+                   "emulation), sglang-0.5.20 or vllm-0.33 (emulated)",
 }
 
 
@@ -126,7 +129,7 @@ def parse_flags(argv: Sequence[str], *, prog: str = "repro sim serve") -> SimCon
 def server_info(config: SimConfig) -> dict[str, Any]:
     """The `/server_info` body: every flag under SGLang's key name, the version, and the simulator marker."""
     info: dict[str, Any] = config.model_dump(mode="json")
-    info.update(version=SIM_VERSION, simulator=True)
+    info.update(version=SIM_VERSION, simulator=True, tool_parser_implementation=implementation(config.tool_parser))
     if config.disaggregation_mode != "null":
         info["pd_topology"] = "simulated: one process stands for the prefill server, the decode server and the router"
     return info
