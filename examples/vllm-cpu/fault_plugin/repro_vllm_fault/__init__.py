@@ -3,7 +3,7 @@
 Off unless `REPRO_VLLM_FAULT=1`. When on, a request whose prompt hit the prefix cache
 (`num_cached_tokens > 0`, which never happens with `--no-enable-prefix-caching`), detokenised while
 more than `REPRO_VLLM_FAULT_MIN_RUNNING` requests (default 4) are in the output processor, loses the
-text of the first streamed delta after its tool-call block opens: the client's text and vLLM's tool-call
+text of the first streamed delta inside its tool-call block that is not whitespace: the client's text and vLLM's tool-call
 parser miss it, while the token ids (and so the logprobs) are whole, as when a delta is dropped
 under concurrency. Nothing changes in the model's computation: only the detokenised output.
 
@@ -57,8 +57,8 @@ def register() -> None:
             return output
         text = self.detokenizer.output_text
         opened = text.find(OPENER)
-        # This delta starts after the opener went out whole: the first piece inside the block.
-        if opened < 0 or text.rfind(output.text) < opened + len(OPENER):
+        # The first piece inside the block that is not whitespace (a lost newline is harmless to parsers).
+        if opened < 0 or text.rfind(output.text) < opened + len(OPENER) or not output.text.strip():
             return output
         self._repro_damaged = True
         log.warning("repro fault: dropped %r from %s (running %d, cached %d)",
