@@ -263,6 +263,7 @@ EXPECTED = {
     "huge-loop": ("corrupt", "args-not-object"),
     "raw-malformed": ("error", "malformed stream: event is not JSON"),
     "raw-reset": ("error", "connection "),
+    "cancelled": ("error", "stream ended without a finish reason"),
 }
 
 

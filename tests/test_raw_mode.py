@@ -286,6 +286,36 @@ def test_without_tool_call_logprobs_the_raw_text_comes_from_a_raw_endpoint(
     assert not bodies[0][prompt_key].startswith("<｜begin▁of▁sentence｜>")
 
 
+EXTRA = {"regex": "(Looking|Done)\\.", "top_k": 5}
+
+
+@pytest.mark.parametrize(
+    ("mode", "args"),
+    [
+        ("lp~x", ["--observe", "parsed"]),
+        ("lp~y", []),
+        ("text~x", ["--raw-endpoint", "completions"]),
+        ("text~y", ["--raw-endpoint", "completions", "--no-stream"]),
+        ("text~z", ["--raw-endpoint", "generate"]),
+    ],
+)
+def test_every_request_path_carries_the_extra_body(
+    faulty: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], mode: str, args: list[str]
+) -> None:
+    code, err = _run(capsys, tmp_path / "run", f"{faulty}/{mode}/v1", "--extra-body", json.dumps(EXTRA), *args)
+    assert code == 0, err
+    bodies = _received(faulty, mode)
+    assert bodies
+    for body in bodies:  # the probes' requests too
+        if "text" in body:  # SGLang's /generate: every sampling field in sampling_params
+            assert {key: body["sampling_params"].get(key) for key in EXTRA} == EXTRA, body
+            assert body["sampling_params"]["max_new_tokens"] and "max_tokens" not in body["sampling_params"]
+        else:
+            assert {key: body.get(key) for key in EXTRA} == EXTRA, body
+    if "--raw-endpoint" in args:
+        assert any("prompt" in body or "text" in body for body in bodies)
+
+
 def _faults(sim_url: str) -> list[dict[str, Any]]:
     return httpx.get(f"{sim_url.removesuffix('/v1')}/debug/faults").json()["faults"]
 

@@ -27,6 +27,7 @@ import httpx
 from repro.errors import TargetError, UsageError
 from repro.procs.logcap import is_capped
 from repro.matrix.design import PlannedRun
+from repro.matrix.infometrics import info_from_metrics
 from repro.matrix.spec import AUTO, Level, MatrixSpec, ProcessSpec, Template
 from repro.procs.process import (
     ManagedProcess,
@@ -250,7 +251,11 @@ SERVER_INFO_BYTES = 16 * 1024 * 1024
 
 
 def fetch_server_info(url: str, *, timeout: float = 10.0) -> dict[str, Any] | None:
-    """The server's configuration from `url` (or the older /get_server_info beside it); None when it has neither."""
+    """The server's configuration from `url` (or the older /get_server_info beside it); None when it has neither.
+
+    A Prometheus exposition (an `info_url` ending in /metrics, for vLLM) gives its `*_info` metrics' labels
+    (repro.matrix.infometrics).
+    """
     candidates = [url]
     if url.endswith("/server_info"):
         candidates.append(url[: -len("/server_info")] + "/get_server_info")
@@ -264,11 +269,14 @@ def fetch_server_info(url: str, *, timeout: float = 10.0) -> dict[str, Any] | No
                 raise TargetError(f"{candidate}: cannot read the server configuration: {err}") from None
             if status == 404:
                 continue
+            if status != 200:
+                return None
             try:
                 data = parse_json(body)
             except ValueError:
-                return None
-            return data if status == 200 and isinstance(data, dict) else None
+                # Not JSON: a Prometheus /metrics (vLLM's info_url), whose *_info labels are the configuration.
+                return info_from_metrics(body.decode("utf-8", errors="replace"))
+            return data if isinstance(data, dict) else None
     return None
 
 

@@ -128,7 +128,8 @@ class ProcessSpec(_Model):
     ready_url: str | None = None
     """Default `http://127.0.0.1:<port>/health`."""
     info_url: str | None = None
-    """Where to read the configuration; default `http://127.0.0.1:<port>/server_info`; empty to skip."""
+    """Where to read the configuration; default `http://127.0.0.1:<port>/server_info`; a Prometheus `/metrics`
+    gives its `*_info` labels (vLLM's `vllm:cache_config_info`); empty to skip."""
     env: dict[str, str] = Field(default_factory=dict)
     """Environment variables of this process."""
     features: bool = True

@@ -34,9 +34,15 @@ OUTCOME_COLOURS = {
     "interrupted": "#757575",
 }
 # The race's signature is load-back traffic under load; a wedge shows as a flat transfer queue.
+SERVER_PREFIXES = ("sglang:", "vllm:")
+"""The servers' own metric namespaces: SGLang's and vLLM's."""
 PREFERRED_METRICS = (
     "num_running_reqs",
+    "num_requests_running",  # vLLM's name
     "num_queue_reqs",
+    "num_requests_waiting",
+    "prefix_cache_hits_total",
+    "kv_cache_usage_perc",
     "load_back_tokens_total",
     "num_decode_transfer_queue_reqs",
     "cache_hit_rate",
@@ -184,14 +190,15 @@ def turn_index_plot(runs: Sequence[RunView]) -> Plot | None:
 
 
 def metrics_plot(run: RunView, metrics: pd.DataFrame) -> Plot | None:
-    """A few sglang: series over time (t_s, metric, labels, value), one panel per metric."""
-    frame = metrics[metrics["metric"].astype(str).str.startswith("sglang:")]
+    """A few of the server's own series (sglang: or vllm:) over time (t_s, metric, labels, value), one panel per metric."""
+    frame = metrics[metrics["metric"].astype(str).str.startswith(SERVER_PREFIXES)]
     if frame.empty:
         return None
     present = list(dict.fromkeys(frame["metric"].astype(str)))
-    bare = {name.removeprefix("sglang:"): name for name in present}
+    bare = {name.split(":", 1)[1]: name for name in present}
     chosen = [bare[m] for m in PREFERRED_METRICS if m in bare]
-    chosen += [m for m in present if m not in chosen and not m.endswith(("_bucket", "_created"))]
+    # A configuration's *_info gauge is a constant 1: nothing to plot.
+    chosen += [m for m in present if m not in chosen and not m.endswith(("_bucket", "_created", "_info"))]
     chosen = chosen[:MAX_METRICS]
     fig, axes = plt.subplots(len(chosen), 1, figsize=(10, 1.9 * len(chosen)), sharex=True, squeeze=False)
     for ax, metric in zip(axes[:, 0], chosen):
@@ -199,7 +206,7 @@ def metrics_plot(run: RunView, metrics: pd.DataFrame) -> Plot | None:
         for labels, series in part.groupby(part["labels"].fillna("").astype(str), sort=True):
             series = series.sort_values("t_s")
             ax.plot(series["t_s"], series["value"], label=_short(labels) if labels else None)
-        ax.set_ylabel(metric.removeprefix("sglang:"), fontsize="small")
+        ax.set_ylabel(metric.split(":", 1)[1], fontsize="small")
         ax.grid(alpha=0.3)
     axes[-1, 0].set_xlabel("seconds since the run started")
     return Plot(f"Server metrics: {run.name}", "Server metrics over time", encode_figure(fig))

@@ -113,11 +113,16 @@ def _check_renderable(messages: list[dict[str, Any]]) -> None:
                 )
 
 
+RENDERED = frozenset({"messages", "tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs"})
+"""Chat fields the client-side rendering consumes (the prompt holds them); a raw-text request carries the rest."""
+
+
 def text_request(source: RawSource, payload: dict[str, Any], *, fmt: str, thinking: bool) -> dict[str, Any]:
     """A chat payload as a raw-text request: the conversation rendered to a prompt, the same sampling.
 
     The prompt has no BOS: both servers tokenize a text prompt with the tokenizer's special tokens and
     would add it twice. Special tokens are kept in the output, so the end of sentence can be judged.
+    Every field but those in `RENDERED` is carried over (`max_tokens` is `max_new_tokens` for /generate).
     RenderError when the history cannot be rendered (a server's chat endpoint would refuse it too).
     """
     _check_renderable(payload["messages"])
@@ -127,13 +132,16 @@ def text_request(source: RawSource, payload: dict[str, Any], *, fmt: str, thinki
         )
     except ValueError as err:
         raise RenderError(f"cannot render the conversation for the raw-text endpoint: {err}") from None
-    sampling = {"max_tokens": payload.get("max_tokens"), "temperature": payload.get("temperature")}
+    # Everything else the chat request carries goes along: the scenario's sampling and the user's
+    # `--extra-body` (a structured-output constraint, say), which the raw-text lane must not lose.
+    rest = {key: value for key, value in payload.items() if key not in RENDERED and value is not None}
     if source == "generate":
-        params = {"max_new_tokens": sampling["max_tokens"], "temperature": sampling["temperature"]}
-        params = {key: value for key, value in params.items() if value is not None}
-        return {"text": prompt, "sampling_params": {**params, **KEEP_SPECIAL}}
-    body = {"model": payload.get("model"), "prompt": prompt, **sampling, **KEEP_SPECIAL}
-    return {key: value for key, value in body.items() if value is not None}
+        # SGLang's /generate takes every sampling field, constraints included, in `sampling_params`.
+        if "max_tokens" in rest:
+            rest["max_new_tokens"] = rest.pop("max_tokens")
+        rest.pop("model", None)
+        return {"text": prompt, "sampling_params": {**rest, **KEEP_SPECIAL}}
+    return {**rest, "prompt": prompt, **KEEP_SPECIAL}
 
 
 def turn_request(plan: ObservePlan, payload: dict[str, Any]) -> tuple[dict[str, Any], RawCollector | None]:
