@@ -161,12 +161,13 @@ def run_command(
         None, "--worker-resources", help='With --executor ray: Ray resources per worker, {"CPU": 1} (default) or a list, one per worker.'
     ),
     config: Path | None = typer.Option(None, "--config", help="YAML file of these options; the command line wins."),
+    report: bool = typer.Option(True, "--report/--no-report", help="Render report.html (default: yes; `repro report` renders it later)."),
 ) -> None:
     """Drive a deployment with concurrent agentic sessions and classify each as clean, corrupt, timeout or error."""
-    overrides = {key: value for key, value in locals().items() if key != "config"}
+    overrides = {key: value for key, value in locals().items() if key not in ("config", "report")}
     from repro.run.runner import RunOptions, execute_run
 
-    result = execute_run(RunOptions.from_sources(config, overrides))
+    result = execute_run(RunOptions.from_sources(config, overrides), report=report)
     raise typer.Exit(result.exit_code)
 
 

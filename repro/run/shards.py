@@ -38,7 +38,7 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 from repro.errors import InternalError, stopping
 from repro.run.load import LoadProgress, LoadResult
 from repro.cluster.node import where
-from repro.procs.process import ManagedProcess, one_line, start_process
+from repro.procs.process import ManagedProcess, one_line, python_module, start_process
 from repro.store.records import SessionRecord
 from repro.run.session import RawKeeper, SessionConfig
 
@@ -359,7 +359,7 @@ async def local_processes(workers: int) -> AsyncIterator[list[Link]]:
         pool: list[_ProcessLink] = []
         for index in range(workers):
             process = start_process(
-                [sys.executable, "-m", "repro.run.shards", str(socket_path), str(index)],
+                python_module("repro.run.shards", str(socket_path), str(index)),
                 log_path=private / f"worker-{index}.log",
                 grace=5.0,
             )
