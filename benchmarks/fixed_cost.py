@@ -12,14 +12,17 @@ import statements:
 - load: the sessions themselves (`_drive`);
 - summary: `summary.json`, the gate, the final table (`_save` without the report);
 - report: `report.html` (`_report`);
-- other: the rest (the run directory, the manifest, the exit);
+- other: the rest of `execute_run` (the run directory, the manifest);
+- exit: the rest of the process's CPU (interpreter shutdown);
 then the process's total CPU (from `wait4`, children included), the fixed CPU (total − load), the
 wall time and the time from the process's start to the first chat request on the wire (stamped by
 the server when it arrives).
 
 `--against REV` checks REV out in a temporary git worktree and measures it in the same invocation,
 runs alternating (PYTHONPATH selects the tree; this script's own tree for the other), and prints the
-ratios this/REV. Phases missing in REV's runner are shown as "-".
+ratios this/REV. Phases missing in REV's runner are shown as "-". Each tree's modules are compiled
+to bytecode first, as an installed package's are (with PYTHONDONTWRITEBYTECODE set, a checkout's
+would otherwise be compiled from source in every run).
 
 Usage: `python benchmarks/fixed_cost.py [--sessions 20] [--repeats 5] [--against main] [-- EXTRA RUN ARGS]`.
 """
@@ -255,6 +258,8 @@ def _table(label: str, runs: list[dict[str, Any]]) -> dict[str, float]:
         cpu, imports = _median(runs, "cpu", phase), _median(runs, "imports", phase)
         figures[phase] = cpu
         print(f"  {phase:<13} {cpu:7.3f}  ({imports:.3f} in imports)")
+    exit_cpu = statistics.median(run["total"] - sum(run["cpu"].values()) for run in runs)
+    print(f"  {'exit':<13} {exit_cpu:7.3f}")
     for key, name in (("total", "total CPU"), ("fixed", "fixed CPU"), ("wall", "wall"),
                       ("first_request", "to 1st request")):
         figures[key] = _median(runs, key)
@@ -274,6 +279,9 @@ def main() -> None:
         trees = {"this tree": ROOT}
         if options.against:
             trees[options.against] = stack.enter_context(_worktree(options.against))
+        for tree in trees.values():
+            subprocess.run([sys.executable, "-m", "compileall", "-q", str(tree / "repro"), str(tree / "dsml_checker")],
+                           check=True, stdout=subprocess.DEVNULL)
         scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="repro-fixed-cost-")))
         runs: dict[str, list[dict[str, Any]]] = {label: [] for label in trees}
         for repeat in range(options.repeats):  # alternating, so a change of the machine's load hits both

@@ -19,6 +19,7 @@ from pydantic import (
     BaseModel, ConfigDict, Field, NonNegativeFloat, ValidationError, WithJsonSchema, field_validator, model_validator,
 )
 
+from repro.store.records import STRING_OR_LIST
 from repro.errors import UniqueKeyLoader, UsageError, describe_validation_error, load_yaml, yaml_lines
 
 BUILTIN_VARIABLES = ("python", "flags", "cell", "replicate", "run_seed", "log_dir")
@@ -51,10 +52,6 @@ class Template(string.Template):
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
-
-
-STRING_OR_LIST = {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]}
-"""The schema of flags given as one shell-like string or as a list (the validator splits a string)."""
 
 
 def _split_flags(value: Any) -> Any:

@@ -50,20 +50,19 @@ from repro.errors import (
     stopping,
 )
 from repro.run.load import LoadProgress, run_load
-from repro.matrix.spec import STRING_OR_LIST
 from repro.run.metrics import MetricsScraper, metrics_url, server_root
 from repro.cluster.node import where
 from repro.run.observe import ObserveMode, RawEndpoint, thinking_of
 from repro.run.rawprobe import PROBE_TIMEOUT_S, ProbeRequest, ProbeResult, probe
 from repro.cluster.rayutil import Executor
-from repro.store.records import Manifest, OutcomeCounts, SessionRecord, Summary, WorkerPlace
+from repro.store.records import STRING_OR_LIST, Manifest, OutcomeCounts, SessionRecord, Summary, WorkerPlace
 from repro.run.replay import ReplaySession
 from repro.run.session import Session, SessionConfig
 from repro.run.shards import run_sharded
 from repro.sim.launch import start_sim
 from repro.store.rundir import METRICS, REPORT, RunWriter, make_run_dir, new_run_dir, slug
 from repro.workload.trace import Trace, is_trace
-from repro.wire.transport import Endpoint, tls_context
+from repro.wire.transport import Endpoint, tls_for
 from repro.untrusted import NestingError, get_bounded, json_depth, parse_json
 from repro.workload.scenario import Workload, load_scenario
 
@@ -336,7 +335,7 @@ def _get(client: httpx.Client, url: str) -> tuple[int, bytes]:
 
 def resolve_target(base_url: str, model: str | None, headers: dict[str, str], *, embedded: bool, sim_args: list[str]) -> Target:
     """Check that the target answers `/models`; pick the model; read `/server_info` when there is one."""
-    with httpx.Client(timeout=TARGET_CHECK_TIMEOUT_S, trust_env=False, headers=headers, verify=tls_context()) as client:
+    with httpx.Client(timeout=TARGET_CHECK_TIMEOUT_S, trust_env=False, headers=headers, verify=tls_for(base_url)) as client:
         try:
             status, content = _get(client, f"{base_url}/models")
         except httpx.HTTPError as err:
@@ -516,7 +515,7 @@ async def _drive(
     loop = asyncio.get_running_loop()
     async with (
         make_client(concurrency) as client,
-        httpx.AsyncClient(trust_env=False, headers=config.headers, verify=tls_context()) as side_client,
+        httpx.AsyncClient(trust_env=False, headers=config.headers, verify=tls_for(base_url)) as side_client,
         anyio.create_task_group() as group,
     ):
         scraper = MetricsScraper(side_client, metrics_url(base_url), writer.path / METRICS)

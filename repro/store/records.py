@@ -36,6 +36,10 @@ SessionOutcome = Literal["clean", "corrupt", "timeout", "error", "interrupted"]
 
 OUTCOMES: tuple[SessionOutcome, ...] = ("clean", "corrupt", "timeout", "error", "interrupted")
 
+STRING_OR_LIST = {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]}
+"""The schema of flags given as one shell-like string or as a list (the option's validator splits a string):
+`repro run --sim-args` and a matrix level's `flags`."""
+
 CorruptSeen = Literal["raw", "parsed", "both"]
 """Where a session's corruption showed: in the text the model generated, in the parsed message, or in both."""
 
