@@ -18,13 +18,20 @@ then the process's total CPU (from `wait4`, children included), the fixed CPU (t
 wall time and the time from the process's start to the first chat request on the wire (stamped by
 the server when it arrives).
 
+`--probe` also measures one bisection probe (`repro probe`, a fixed probe of 16 sessions, the docs'
+smallest round) and `--matrix` one matrix (matrices/sim_hicache_bf16.yaml cut to the HiCache factor:
+2 cells of 32 sessions, one launch each, cell reports on, the docs' smallest cell), both against the
+simulator at `--time-scale 0`; printed as total CPU (children included: the simulator too) per probe
+and per cell.
+
 `--against REV` checks REV out in a temporary git worktree and measures it in the same invocation,
 runs alternating (PYTHONPATH selects the tree; this script's own tree for the other), and prints the
 ratios this/REV. Phases missing in REV's runner are shown as "-". Each tree's modules are compiled
 to bytecode first, as an installed package's are (with PYTHONDONTWRITEBYTECODE set, a checkout's
 would otherwise be compiled from source in every run).
 
-Usage: `python benchmarks/fixed_cost.py [--sessions 20] [--repeats 5] [--against main] [-- EXTRA RUN ARGS]`.
+Usage: `python benchmarks/fixed_cost.py [--sessions 20] [--repeats 5] [--against main] [--probe] [--matrix]
+[-- EXTRA RUN ARGS]`.
 """
 
 from __future__ import annotations
@@ -226,6 +233,50 @@ def measure(tree: Path, sessions: int, extra: list[str], scratch: Path) -> dict[
             "fixed": total - data["cpu"]["load"], "wall": wall, "first_request": first}
 
 
+SIM_DEPLOY = "${python} -m repro.sim serve --host 127.0.0.1 --port ${port} --time-scale 0"
+MATRIX_SPEC = """name: fixed-cost
+variables: {port: auto}
+factors:
+  hicache:
+    levels:
+      off: {confirm: {enable_hierarchical_cache: false}}
+      on: {flags: --enable-hierarchical-cache, confirm: {enable_hierarchical_cache: true}}
+deployment:
+  command: ${python} -m repro.sim serve --host 127.0.0.1 --port ${port} --time-scale 0 --seed ${run_seed}
+  port: ${port}
+load: {workload: WORKLOAD, sessions: 32, concurrency: 32, turns: 18}
+design: {type: full, replicates: 1, seed: 1, baseline: {hicache: "off"}}
+"""
+MATRIX_CELLS = 2
+
+
+def measure_command(tree: Path, args: list[str], scratch: Path, ok: tuple[int, ...] = (0,)) -> float:
+    """Total CPU (children included) of `repro ARGS` run from `tree`."""
+    scratch.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    proc = subprocess.Popen([sys.executable, "-P", "-c", "from repro.cli import main; main()", *args], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=scratch)
+    _, status, usage = os.wait4(proc.pid, 0)
+    code = os.waitstatus_to_exitcode(status)
+    if code not in ok:
+        err = proc.stderr.read().decode() if proc.stderr else ""
+        raise SystemExit(f"repro {args[0]} from {tree} exited {code}: {err.strip()[-500:]}")
+    return usage.ru_utime + usage.ru_stime
+
+
+def measure_probe(tree: Path, scratch: Path) -> float:
+    args = ["probe", "--deploy", SIM_DEPLOY, "--bad-rate", "0.3", "--commits", "2", "--sessions", "16",
+            "--src", str(scratch), "--out", str(scratch / "probe")]
+    return measure_command(tree, args, scratch, ok=(0, 1, 125))
+
+
+def measure_matrix(tree: Path, scratch: Path) -> float:
+    scratch.mkdir(parents=True, exist_ok=True)
+    spec = scratch / "matrix.yaml"
+    spec.write_text(MATRIX_SPEC.replace("WORKLOAD", str(tree / "experiments" / "agentic_coding.yaml")))
+    return measure_command(tree, ["matrix", str(spec), "--out", str(scratch / "matrix")], scratch, ok=(0, 1, 125)) / MATRIX_CELLS
+
+
 @contextlib.contextmanager
 def _worktree(rev: str) -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="repro-fixed-cost-")) / "tree"
@@ -272,6 +323,8 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--against", metavar="REV", help="also measure this git revision; print ratios")
+    parser.add_argument("--probe", action="store_true", help="also CPU per bisection probe")
+    parser.add_argument("--matrix", action="store_true", help="also CPU per matrix cell")
     parser.add_argument("extra", nargs="*", help="more `repro run` options (after --)")
     options = parser.parse_args()
     print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}, Python {sys.version.split()[0]}")
@@ -284,14 +337,24 @@ def main() -> None:
                            check=True, stdout=subprocess.DEVNULL)
         scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="repro-fixed-cost-")))
         runs: dict[str, list[dict[str, Any]]] = {label: [] for label in trees}
+        extras = {"probe": measure_probe if options.probe else None, "matrix cell": measure_matrix if options.matrix else None}
+        extra_cpu: dict[str, dict[str, list[float]]] = {label: {name: [] for name, f in extras.items() if f} for label in trees}
         for repeat in range(options.repeats):  # alternating, so a change of the machine's load hits both
             for index, (label, tree) in enumerate(trees.items()):
                 runs[label].append(measure(tree, options.sessions, options.extra, scratch / f"{index}-{repeat}"))
+                for name, measure_extra in extras.items():
+                    if measure_extra is not None:
+                        extra_cpu[label][name].append(measure_extra(tree, scratch / f"{index}-{repeat}-{name}"))
         figures = {label: _table(label, found) for label, found in runs.items()}
+        for label, measured in extra_cpu.items():
+            for name, values in measured.items():
+                figures[label][name] = statistics.median(values)
+                print(f"{label}: CPU per {name} {figures[label][name]:.3f} s (median of {len(values)})")
     if options.against:
         this, other = figures["this tree"], figures[options.against]
         print(f"ratio this tree / {options.against}")
-        for key in ("fixed", "total", "first_request", *(p for p in PHASES if p in this and p in other)):
+        extra_keys = [name for name in ("probe", "matrix cell") if name in this]
+        for key in ("fixed", "total", "first_request", *extra_keys, *(p for p in PHASES if p in this and p in other)):
             print(f"  {key:<13} {this[key] / other[key]:7.2f}x" if other[key] else f"  {key:<13} -")
 
 
