@@ -93,6 +93,7 @@ def test_workers_start_from_a_directory_holding_a_repro_folder(faulty: str, tmp_
     assert sorted(s.session_id for s in loaded.sessions) == [0, 1, 2, 3]
     assert loaded.summary is not None and loaded.summary.turns > 0
     assert len(loaded.summary.worker_loop_lag) == 2
+    assert (out / "summary.json").is_file() and not (out / "report.html").exists()  # --no-report
 
 
 def _shard_pids(mark: str) -> set[int]:
