@@ -11,7 +11,11 @@ SGLang sends them. HTTP/1.1 keep-alive, chunked transfer encoding. Not a general
 enough for repro's client. One event-loop timer paces every stream (`Pacer`), so the server stays
 cheap next to the client it measures (about ten thousand streams on one core).
 
-Run: `python benchmarks/fast_stream_server.py --port P [--ttft 0] [--chunks 16] [--interval 0.05] [--final-after 4]`.
+`--first-request-file PATH` writes the wall-clock time (`time.time()`) at which the first chat request
+arrived, for a client's time to its first request.
+
+Run: `python benchmarks/fast_stream_server.py --port P [--ttft 0] [--chunks 16] [--interval 0.05] [--final-after 4]
+[--first-request-file PATH]`.
 """
 
 from __future__ import annotations
@@ -20,7 +24,9 @@ import argparse
 import asyncio
 import json
 import re
+import time
 from collections import deque
+from pathlib import Path
 
 from dsml_checker import ToolCall, render_calls
 from dsml_checker.formats import EOS
@@ -51,7 +57,9 @@ def _tokens(text: str) -> list[str]:
 
 
 class Plan:
-    def __init__(self, ttft: float, chunks: int, interval: float, final_after: int) -> None:
+    def __init__(self, ttft: float, chunks: int, interval: float, final_after: int,
+                 first_request_file: Path | None = None) -> None:
+        self.first_request_file = first_request_file
         self.ttft = ttft
         self.interval = interval
         self.final_after = final_after
@@ -207,6 +215,9 @@ class Connection(asyncio.Protocol):
         body, self.buffer = self.buffer[head_end + 4 : total], self.buffer[total:]
         path = head.split(" ", 2)[1]
         if path.endswith("/chat/completions"):
+            if self.plan.first_request_file is not None:
+                self.plan.first_request_file.write_text(repr(time.time()))
+                self.plan.first_request_file = None
             self.busy = True
             self.pacer.add(self, body.count(ASSISTANT) >= self.plan.final_after, LOGPROBS in body)
         else:
@@ -237,6 +248,7 @@ if __name__ == "__main__":
     parser.add_argument("--chunks", type=int, default=16)
     parser.add_argument("--interval", type=float, default=0.05)
     parser.add_argument("--final-after", type=int, default=4)
+    parser.add_argument("--first-request-file", type=Path)
     args = parser.parse_args()
     try:
         import uvloop
@@ -244,4 +256,4 @@ if __name__ == "__main__":
         run = uvloop.run
     except ImportError:
         run = asyncio.run
-    run(serve(args.port, Plan(args.ttft, args.chunks, args.interval, args.final_after)))
+    run(serve(args.port, Plan(args.ttft, args.chunks, args.interval, args.final_after, args.first_request_file)))

@@ -79,6 +79,25 @@ def test_two_workers_run_the_same_sessions_as_one_process(
                 assert (two.path / turn.raw_path).is_file()
 
 
+def test_workers_start_from_a_directory_holding_a_repro_folder(faulty: str, tmp_path: Path) -> None:
+    """A folder named `repro` in the working directory (a virtual environment called repro, say) is not
+    what the worker processes import: they run the installed package, as the command itself does."""
+    here = tmp_path / "cwd"
+    (here / "repro").mkdir(parents=True)
+    (here / "repro" / "__init__.py").write_text('raise ImportError("imported the working directory\'s repro/")\n')
+    out = tmp_path / "run"
+    command = Path(sys.executable).with_name("repro")  # the console script a user runs
+    args = ["run", "--base-url", f"{faulty}/good~anydir/v1", "--sessions", "4", "--turns", "2",
+            "--workers", "2", "--no-report", "--out", str(out)]
+    proc = subprocess.run([str(command), *args], cwd=here, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    loaded = load_run(out)
+    assert sorted(s.session_id for s in loaded.sessions) == [0, 1, 2, 3]
+    assert loaded.summary is not None and loaded.summary.turns > 0
+    assert len(loaded.summary.worker_loop_lag) == 2
+    assert (out / "summary.json").is_file() and not (out / "report.html").exists()  # --no-report
+
+
 def _shard_pids(mark: str) -> set[int]:
     """The worker processes of the run started with `_marked(mark)` (other runs on the machine are not counted)."""
     return marked_pids(mark) & pids_where("cmdline", lambda cmdline: b"repro.run.shards" in cmdline)

@@ -36,6 +36,19 @@ def test_clopper_pearson_published_value() -> None:
     assert ci.estimate == pytest.approx(11 / 60) and ci.method == "clopper-pearson"
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 2000).flatmap(lambda n: st.tuples(st.integers(0, n), st.just(n))),
+       st.sampled_from([0.8, 0.9, 0.95, 0.99, 0.999]))
+def test_clopper_pearson_and_upper_bound_agree_with_scipys_root_finding(kn: tuple[int, int], confidence: float) -> None:
+    # The bounds are beta quantiles here; scipy.stats finds the same bounds by solving the binomial tails.
+    k, n = kn
+    exact = sps.binomtest(k, n).proportion_ci(confidence_level=confidence, method="exact")
+    ci = clopper_pearson(k, n, confidence)
+    assert (ci.low, ci.high) == pytest.approx((exact.low, exact.high), abs=1e-9)
+    one_sided = sps.binomtest(k, n, alternative="less").proportion_ci(confidence_level=confidence, method="exact")
+    assert upper_bound(k, n, confidence) == pytest.approx(one_sided.high, abs=1e-9)
+
+
 def test_wilson_published_value() -> None:
     # Newcombe (1998), example 81/263: Wilson 95% interval 0.2553 to 0.3662.
     ci = wilson(81, 263)

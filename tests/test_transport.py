@@ -16,7 +16,7 @@ import anyio
 import pytest
 import trustme
 
-from repro.wire.transport import MAX_HEAD_BYTES, Endpoint, HTTPClient, TransportError
+from repro.wire.transport import MAX_HEAD_BYTES, Endpoint, HTTPClient, TransportError, tls_for
 
 BODY = b'{"messages": []}'
 PIECES = [b"data: one\n\n", b"data: two\n\n", b"data: [DONE]\n\n"]
@@ -281,6 +281,37 @@ def test_tls_trusts_a_private_ca_named_by_ssl_cert_file(tmp_path: Path, monkeypa
         assert bytes((await post(client, f"{url}/ok")).data) == b"".join(PIECES)
 
     serve(trusted, tls=server_context)
+
+
+def _handshake(client: ssl.SSLContext, server: ssl.SSLContext) -> None:
+    """A TLS handshake between the two contexts in memory, for 127.0.0.1; raises what the client's raises."""
+    pipes = [ssl.MemoryBIO() for _ in range(4)]
+    ends = [client.wrap_bio(pipes[0], pipes[1], server_hostname="127.0.0.1"),
+            server.wrap_bio(pipes[1], pipes[0], server_side=True)]
+    done = [False, False]
+    for _ in range(20):
+        for index, end in enumerate(ends):
+            if not done[index]:
+                try:
+                    end.do_handshake()
+                    done[index] = True
+                except ssl.SSLWantReadError:
+                    pass
+        if all(done):
+            return
+    raise AssertionError("the handshake did not finish")
+
+
+def test_a_plain_http_targets_context_trusts_no_certificate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ca = trustme.CA()
+    server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(server_context)
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "ca.pem"))
+    _handshake(tls_for("https://127.0.0.1:8443/v1"), server_context)  # the CA the user named is trusted
+    # An http:// target's clients never need TLS: should one be sent to https, nothing is trusted.
+    with pytest.raises(ssl.SSLCertVerificationError):
+        _handshake(tls_for("http://127.0.0.1:8000/v1"), server_context)
 
 
 def test_header_values_with_line_breaks_are_refused() -> None:

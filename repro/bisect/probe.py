@@ -7,7 +7,6 @@ load, or leaves most sessions timed out makes the probe inconclusive, never good
 from __future__ import annotations
 
 import math
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,9 +24,9 @@ from repro.bisect.posterior import (
 )
 from repro.errors import TargetError
 from repro.matrix.deploy import CellDeployment, LaunchPlan, ProcessLaunch
-from repro.procs.process import free_port
+from repro.procs.process import free_port, python_module
 
-SIM_COMMAND = (sys.executable, "-m", "repro.sim", "serve", "--host", "127.0.0.1")
+SIM_COMMAND = tuple(python_module("repro.sim", "serve", "--host", "127.0.0.1"))
 
 
 @dataclass(frozen=True)

@@ -10,13 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+import matplotlib
 
 from repro.cluster.node import describe
 from repro.report.markdown import md_escape
 from repro.report.model import fmt_pct, fmt_range
-from repro.report.plots import Plot, encode_figure  # sets matplotlib's Agg backend first
-
-import matplotlib.pyplot as plt  # noqa: E402  # isort: skip
+from repro.report.plots import Plot, encode_figure, subplots
 from repro.stats.intervals import clopper_pearson
 
 REPORT_HTML = "report.html"
@@ -55,8 +54,8 @@ def posterior_plot(state: dict[str, Any]) -> Plot | None:
     if last is None:
         return None
     culprit = last[:-1]
-    with plt.rc_context({"text.parse_math": False}):
-        fig, ax = plt.subplots(figsize=(9, 3))
+    with matplotlib.rc_context({"text.parse_math": False}):
+        fig, ax = subplots((9, 3.2), top=0.45)  # room for the title
         ax.bar(range(len(culprit)), culprit, color="#c62828", width=0.8)
         probed = sorted({p["index"] for p in state["probes"] if p.get("index") is not None})
         ax.plot(probed, [-0.03] * len(probed), "^", color="#455a64", label="probed")

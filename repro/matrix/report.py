@@ -12,14 +12,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import jinja2
-import matplotlib.pyplot as plt
+import matplotlib
 
 from repro.matrix.analysis import CellResult, CellRun, Effect, MatrixAnalysis
 from repro.matrix.sequential import summary_lines
 from repro.report.junit import add_properties, junit_xml, xml_text
 from repro.report.markdown import md_escape
 from repro.report.model import fmt_pct, fmt_points, fmt_range
-from repro.report.plots import Plot, encode_figure
+from repro.report.plots import Plot, encode_figure, label_inches, subplots
 
 HTML = "report.html"
 MARKDOWN = "report.md"
@@ -69,8 +69,9 @@ def effects_plot(effects: list[Effect]) -> Plot | None:
     shown = [e for e in effects if e.difference is not None]
     if not shown:
         return None
-    with plt.rc_context({"text.parse_math": False}):
-        fig, ax = plt.subplots(figsize=(7, 0.6 * len(shown) + 1.2))
+    with matplotlib.rc_context({"text.parse_math": False}):
+        labels = [f"{e.label} ({e.verdict})" for e in shown]
+        fig, ax = subplots((7 + label_inches(labels), 0.6 * len(shown) + 1.4), left=label_inches(labels), top=0.45)
         for i, effect in enumerate(shown):
             colour = {"causes": "#c62828", "widens": "#ef6c00", "reduces": "#2e7d32"}.get(effect.verdict, "#455a64")
             low = effect.diff_low if effect.diff_low is not None else effect.difference
@@ -84,7 +85,7 @@ def effects_plot(effects: list[Effect]) -> Plot | None:
                 capsize=4,
             )
         ax.axvline(0, color="#9e9e9e", linewidth=1)
-        ax.set_yticks(range(len(shown)), [f"{e.label} ({e.verdict})" for e in shown])
+        ax.set_yticks(range(len(shown)), labels)
         ax.invert_yaxis()
         ax.set_xlabel("corruption rate difference, percentage points (95% interval)")
         ax.set_title("Factor effects on corruption")

@@ -40,6 +40,16 @@ class PortTakenError(TargetError):
     port was chosen): with a port the harness chose itself, a fresh port is the remedy."""
 
 
+def python_module(module: str, *args: str) -> list[str]:
+    """The command that runs `python -m module args` in this interpreter, importing the installed package.
+
+    `-P` keeps the working directory off the import path: started from a directory that holds a folder
+    named `repro` (a virtual environment called repro, say), a plain `-m` would import that folder
+    instead. The environment (PYTHONPATH included) is left as it is.
+    """
+    return [sys.executable, "-P", "-m", module, *args]
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A port that was free a moment ago. The kernel may hand it out again; callers retry on PortTakenError."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -59,7 +69,7 @@ class _Reaper:
             try:
                 if self._pipe is None:
                     reaper = subprocess.Popen(
-                        [sys.executable, "-m", "repro.procs.reaper"],
+                        python_module("repro.procs.reaper"),
                         stdin=subprocess.PIPE,
                         stdout=subprocess.DEVNULL,
                         stderr=subprocess.DEVNULL,
@@ -235,7 +245,7 @@ def start_process(
         Path(log_path).parent.mkdir(parents=True, exist_ok=True)
     if log_path is not None and log_max_bytes is not None:
         writer = subprocess.Popen(
-            [sys.executable, "-m", "repro.procs.logcap", str(log_path), str(log_max_bytes)],
+            python_module("repro.procs.logcap", str(log_path), str(log_max_bytes)),
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

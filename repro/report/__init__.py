@@ -36,12 +36,12 @@ class ReportResult:
 
 def _plots(model: ReportModel) -> list[Plot]:
     # Imported here: matplotlib takes a while to load, and `repro gate` uses this package without drawing.
-    import matplotlib.pyplot as plt
+    import matplotlib
 
     from repro.report import plots
 
     # Run names and metric labels are data, not TeX: "$" must not switch matplotlib into mathtext.
-    with plt.rc_context({"text.parse_math": False}):
+    with matplotlib.rc_context({"text.parse_math": False}):
         drawn = [plots.outcomes_plot(model.runs), plots.latency_plot(model.runs)]
         drawn += [plots.timeline_plot(run) for run in model.runs]
         drawn.append(plots.turn_index_plot(model.runs))

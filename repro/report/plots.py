@@ -1,30 +1,32 @@
 """The report's figures, drawn with matplotlib's Agg backend and inlined as base64 PNG data URIs.
 
 PNG rather than SVG: an SVG inlined in the page carries text (run names, labels) as markup, a PNG
-carries only pixels, so no label can ever become HTML.
+carries only pixels, so no label can ever become HTML. Figures are made on an Agg canvas directly,
+without pyplot (its import and its global figure registry cost more than the drawing of a small
+run's figures), with margins fixed in inches before drawing: a layout engine or a tight bounding box
+draws each figure twice, and drawing is most of a small run's report.
 """
 
 from __future__ import annotations
 
 import base64
 import io
+from collections import Counter
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
-import matplotlib
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.collections import PolyCollection
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.ticker import MaxNLocator
 
-matplotlib.use("Agg")
+from repro.store.records import OUTCOMES
+from repro.report.model import RunView
 
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-from matplotlib.collections import PolyCollection  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
-from matplotlib.lines import Line2D  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
-
-from repro.store.records import OUTCOMES  # noqa: E402
-from repro.report.model import RunView  # noqa: E402
+if TYPE_CHECKING:
+    import pandas as pd
 
 OUTCOME_COLOURS = {
     "clean": "#2e7d32",
@@ -64,17 +66,47 @@ def _short(name: str) -> str:
     return name if len(name) <= MAX_LABEL else name[: MAX_LABEL - 1] + "…"
 
 
+CHAR_INCHES = 0.075
+"""About the width of one character of a 10-point tick label, to leave room for the longest."""
+
+
+def label_inches(labels: Sequence[str]) -> float:
+    """The left margin (inches) that holds these tick labels and an axis label beside them."""
+    return 0.35 + CHAR_INCHES * max((len(label) for label in labels), default=0)
+
+
+def subplots(
+    figsize: tuple[float, float],
+    *args: Any,
+    left: float = 0.8,
+    bottom: float = 0.55,
+    right: float = 0.25,
+    top: float = 0.25,
+    wspace: float = 0.25,
+    hspace: float = 0.2,
+    **kwargs: Any,
+) -> tuple[Figure, Any]:
+    """`Figure.subplots` on a figure of its own Agg canvas, margins (left…top) given in inches."""
+    width, height = figsize
+    fig = Figure(figsize=figsize)
+    FigureCanvasAgg(fig)
+    fig.subplots_adjust(left=left / width, bottom=bottom / height, right=1 - right / width, top=1 - top / height,
+                        wspace=wspace, hspace=hspace)
+    return fig, fig.subplots(*args, **kwargs)
+
+
 def encode_figure(fig: Figure) -> str:
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=90, bbox_inches="tight")
-    plt.close(fig)
+    fig.savefig(buffer, format="png", dpi=90)
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
 def outcomes_plot(runs: Sequence[RunView]) -> Plot:
     """Stacked outcome counts per run, beside the corruption rate with its interval."""
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 1.2 + 0.5 * len(runs)), squeeze=True)
     labels = [_short(r.name) for r in runs]
+    # Below the axes: the x labels, then the legend across the figure.
+    fig, (left, right) = subplots((10, 1.6 + 0.5 * len(runs)), 1, 2, squeeze=True,
+                                  left=label_inches(labels), bottom=0.95, wspace=0.08)
     y = np.arange(len(runs))
     offset = np.zeros(len(runs))
     for outcome in OUTCOMES:
@@ -85,7 +117,7 @@ def outcomes_plot(runs: Sequence[RunView]) -> Plot:
     left.set_yticks(y, labels)
     left.invert_yaxis()
     left.set_xlabel("sessions")
-    left.legend(loc="upper center", bbox_to_anchor=(0.5, -0.35 if len(runs) < 3 else -0.15), ncols=5, fontsize="small")
+    left.legend(loc="lower center", bbox_to_anchor=(0.5, 0.02), bbox_transform=fig.transFigure, ncols=5, fontsize="small")
     for i, r in enumerate(runs):
         if r.rate.estimate is None:
             right.text(0.0, i, " no completed sessions", va="center", fontsize="small")
@@ -112,7 +144,7 @@ def latency_plot(runs: Sequence[RunView]) -> Plot | None:
         series.append((r, ttft, e2e))
     if not any(len(t) or len(e) for _, t, e in series):
         return None
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.4))
+    fig, axes = subplots((10, 3.4), 1, 2)
     for ax, index, what in ((axes[0], 1, "time to first token (s)"), (axes[1], 2, "end-to-end time per turn (s)")):
         for item in series:
             values = item[index]
@@ -131,7 +163,7 @@ def timeline_plot(run: RunView) -> Plot | None:
     if not sessions:
         return None
     height = min(14.0, 1.5 + 0.06 * len(sessions))
-    fig, ax = plt.subplots(figsize=(10, height))
+    fig, ax = subplots((10, height))
     # One collection, not one patch per session (barh): a 1000-session run draws in well under a second.
     bars = PolyCollection(
         [[(s.start_s, row - 0.4), (s.end_s, row - 0.4), (s.end_s, row + 0.4), (s.start_s, row + 0.4)]
@@ -172,15 +204,17 @@ def turn_index_plot(runs: Sequence[RunView]) -> Plot | None:
     ]
     if not rows:
         return None
-    frame = pd.DataFrame(rows, columns=["run", "turn", "corrupt"])
-    table = frame.groupby(["run", "turn"], sort=True)["corrupt"].agg(["sum", "count"]).reset_index()
-    fig, ax = plt.subplots(figsize=(10, 3.2))
+    answered = Counter((position, turn) for position, turn, _ in rows)
+    corrupt = Counter((position, turn) for position, turn, bad in rows if bad)
+    fig, ax = subplots((10, 3.2))
     width = 0.8 / len(runs)
     for position, r in enumerate(runs):
-        part = table[table["run"] == position]
-        x = part["turn"].to_numpy() + (position - (len(runs) - 1) / 2) * width
-        ax.bar(x, 100 * part["sum"] / part["count"], width=width, label=_short(r.name))
-        for xi, k, n in zip(x, part["sum"], part["count"]):
+        turns = sorted(turn for run, turn in answered if run == position)
+        counts = np.array([answered[position, turn] for turn in turns])
+        hits = np.array([corrupt[position, turn] for turn in turns])
+        x = np.array(turns, dtype=float) + (position - (len(runs) - 1) / 2) * width
+        ax.bar(x, 100 * hits / counts, width=width, label=_short(r.name))
+        for xi, k, n in zip(x, hits, counts):
             ax.annotate(f"{k}/{n}", (xi, 0), xytext=(0, 2), textcoords="offset points", ha="center", fontsize=6)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("turn index")
@@ -200,7 +234,7 @@ def metrics_plot(run: RunView, metrics: pd.DataFrame) -> Plot | None:
     # A configuration's *_info gauge is a constant 1: nothing to plot.
     chosen += [m for m in present if m not in chosen and not m.endswith(("_bucket", "_created", "_info"))]
     chosen = chosen[:MAX_METRICS]
-    fig, axes = plt.subplots(len(chosen), 1, figsize=(10, 1.9 * len(chosen)), sharex=True, squeeze=False)
+    fig, axes = subplots((10, 0.3 + 1.9 * len(chosen)), len(chosen), 1, sharex=True, squeeze=False, left=1.0)
     for ax, metric in zip(axes[:, 0], chosen):
         part = frame[frame["metric"] == metric]
         for labels, series in part.groupby(part["labels"].fillna("").astype(str), sort=True):

@@ -29,7 +29,7 @@ from repro.run.stopping import BaselineRule, Look, StoppingRule
 from repro.store.records import OutcomeCounts, SessionRecord
 from repro.store.rundir import METRICS, RunWriter
 from repro.wire.client import make_client
-from repro.wire.transport import tls_context
+from repro.wire.transport import tls_for
 from repro.workload.trace import Trace
 
 
@@ -116,7 +116,7 @@ async def drive(
     loop = asyncio.get_running_loop()
     async with (
         make_client(concurrency) as client,
-        httpx.AsyncClient(trust_env=False, headers=config.headers, verify=tls_context()) as side_client,
+        httpx.AsyncClient(trust_env=False, headers=config.headers, verify=tls_for(base_url)) as side_client,
         anyio.create_task_group() as group,
     ):
         scraper = MetricsScraper(side_client, metrics_url(base_url), writer.path / METRICS)

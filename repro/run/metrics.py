@@ -15,7 +15,6 @@ from pathlib import Path
 
 import anyio
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
 from repro.store.rundir import append_whole
 
@@ -37,6 +36,9 @@ def metrics_url(base_url: str) -> str:
 
 def parse_samples(text: str) -> list[tuple[str, str, float]]:
     """(sample name, labels as sorted JSON, value) for every sample of a Prometheus text exposition."""
+    # Imported here: a target without /metrics (or a run that never scrapes) need not load prometheus_client.
+    from prometheus_client.parser import text_string_to_metric_families
+
     rows = []
     for family in text_string_to_metric_families(text):
         for sample in family.samples:

@@ -38,7 +38,7 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 from repro.cluster.node import where
 from repro.errors import InternalError, handle_interrupts, stopping
 from repro.procs.limits import ensure_open_files
-from repro.procs.process import ManagedProcess, one_line, start_process
+from repro.procs.process import ManagedProcess, one_line, python_module, start_process
 from repro.run.load import LoadProgress, LoadResult, run_load
 from repro.run.session import RawKeeper, Session, SessionConfig
 from repro.store.records import SessionRecord
@@ -356,7 +356,7 @@ async def local_processes(workers: int) -> AsyncIterator[list[Link]]:
         pool: list[_ProcessLink] = []
         for index in range(workers):
             process = start_process(
-                [sys.executable, "-m", "repro.run.shards", str(socket_path), str(index)],
+                python_module("repro.run.shards", str(socket_path), str(index)),
                 log_path=private / f"worker-{index}.log",
                 grace=5.0,
             )

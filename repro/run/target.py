@@ -22,7 +22,7 @@ from repro.run.metrics import server_root
 from repro.run.options import RunOptions
 from repro.sim.launch import EMBEDDED_SIM_ARGS, start_sim
 from repro.untrusted import get_bounded, parse_json
-from repro.wire.transport import tls_context
+from repro.wire.transport import tls_for
 
 TARGET_CHECK_TIMEOUT_S = 10.0
 TARGET_CHECK_BYTES = 16 * 1024 * 1024
@@ -65,7 +65,7 @@ def _get(client: httpx.Client, url: str) -> tuple[int, bytes]:
 
 def resolve_target(base_url: str, model: str | None, headers: dict[str, str], *, embedded: bool, sim_args: list[str]) -> Target:
     """Check that the target answers `/models`; pick the model; read `/server_info` when there is one."""
-    with httpx.Client(timeout=TARGET_CHECK_TIMEOUT_S, trust_env=False, headers=headers, verify=tls_context()) as client:
+    with httpx.Client(timeout=TARGET_CHECK_TIMEOUT_S, trust_env=False, headers=headers, verify=tls_for(base_url)) as client:
         try:
             status, content = _get(client, f"{base_url}/models")
         except httpx.HTTPError as err:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Sequence
 
@@ -12,6 +11,7 @@ from repro.procs.process import (
     confirm_listener,
     free_port,
     port_in_use,
+    python_module,
     start_process,
     wait_http_ready,
 )
@@ -54,7 +54,7 @@ def start_sim(
     if port is not None and (occupant := port_in_use(port)) is not None:
         raise TargetError(f"port {port} is already in use by {occupant}")
     chosen = port if port is not None else free_port()
-    cmd = [sys.executable, "-m", "repro.sim", "serve", "--host", "127.0.0.1", "--port", str(chosen), *args]
+    cmd = python_module("repro.sim", "serve", "--host", "127.0.0.1", "--port", str(chosen), *args)
     process = start_process(cmd, log_path=log_path)
     handle = SimHandle(process, chosen)
     try:

@@ -27,11 +27,9 @@ def _p(value: float | None) -> str:
 
 def curve_plot(result: SweepResult) -> str:
     """Corruption rate per level with its interval, and the fitted onset curve: a PNG data URI."""
-    import matplotlib.pyplot as plt
+    from repro.report.plots import encode_figure, subplots  # matplotlib: only when a curve is drawn
 
-    from repro.report.plots import encode_figure
-
-    fig, axis = plt.subplots(figsize=(7, 3.6))
+    fig, axis = subplots((7, 3.6))
     xs = [level.concurrency for level in result.levels]
     ys = [level.corruption[0] or 0.0 for level in result.levels]
     low = [y - level.corruption[1] for y, level in zip(ys, result.levels)]
