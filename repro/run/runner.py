@@ -33,6 +33,7 @@ from rich.console import Console
 from dsml_checker.server_parsers import DEFAULT_PARSER, PARSERS
 from repro import __version__
 from repro.wire.client import MAX_TURN_BYTES, make_client
+from repro.run import clock
 from repro.run.display import final_view, say, show_progress
 from repro.errors import (
     EXIT_FAILED,
@@ -541,6 +542,8 @@ async def _drive(
                 def make_session(index: int, first: int = wave.start) -> Session:
                     return kind(first + index, config, client, keep_raw=keep_raw, origin=origin)
 
+                if config.clock_url is not None:
+                    await clock.declare(config.clock_url, len(wave), concurrency)
                 if options.sharded:  # one wave: RunOptions refuses --workers with --until-decided
                     result = await run_sharded(
                         min(options.workers, concurrency, len(wave)), len(wave), concurrency, config, on_finish, keep_raw,
@@ -798,6 +801,7 @@ def _session_config(options: RunOptions, target: Target, workload: Workload | Tr
         max_turn_bytes=options.max_turn_bytes,
         extra_body=options.extra_body,
         headers=headers,
+        clock_url=clock.clock_url(target.server_info, target.base_url),
     )
 
 
