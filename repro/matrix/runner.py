@@ -38,6 +38,7 @@ from repro.errors import (
     is_interrupt,
     request_interrupt,
 )
+from repro.jsonl import read_journal
 from repro.matrix import sequential
 from repro.matrix.analysis import CellRun, MatrixAnalysis, analyse, cell_counts
 from repro.matrix.deploy import CellDeployment, describe, resolve, stop_stale
@@ -93,16 +94,7 @@ def _finished_summary(run_dir: Path) -> Summary | None:
 
 def _read_progress(path: Path) -> dict[str, CellRun]:
     """The last record per run key; a torn last line (SIGKILL mid-write) is ignored."""
-    records: dict[str, CellRun] = {}
-    if not path.exists():
-        return records
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            record = CellRun.model_validate_json(line)
-        except ValueError:
-            continue
-        records[record.key] = record
-    return records
+    return {record.key: record for record in read_journal(path, CellRun.model_validate_json)}
 
 
 def _append_progress(path: Path, record: CellRun) -> None:

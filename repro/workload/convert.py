@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from repro.errors import UsageError, read_text
+from repro.jsonl import numbered_lines
 from repro.workload.trace import SENT_KEYS, json_object_line, parse_line
 
 REQUEST_KEYS = ("tools", "tool_choice", "max_tokens", "temperature")
@@ -69,7 +70,7 @@ def _read(line_text: str, source: str, line: int) -> _Call:
 def convert(log: Path, out: Path) -> tuple[int, int]:
     """Write the conversations of `log` to `out` as a trace; (calls read, conversations written)."""
     text = read_text(log, f"trace convert {log}")
-    calls = [_read(t, str(log), n) for n, t in enumerate(text.splitlines(), start=1) if t.strip()]
+    calls = [_read(t, str(log), n) for n, t in numbered_lines(text)]
     if not calls:
         raise UsageError(f"trace convert {log}: no request/response lines")
     # A call continues another when the other's history plus answer is a prefix of its own history.

@@ -18,6 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from repro.errors import UsageError, describe_validation_error
+from repro.jsonl import numbered_lines
 from repro.untrusted import parse_json
 
 DEFAULT_MAX_TOKENS = 1024
@@ -187,9 +188,7 @@ def load_trace(path: str | Path, *, timing: bool = False) -> Trace:
         line = data[: err.start].count(b"\n") + 1
         raise UsageError(f"{file}:{line}: not UTF-8 text") from None
     conversations = []
-    for number, line_text in enumerate(text.splitlines(), start=1):
-        if not line_text.strip():
-            continue
+    for number, line_text in numbered_lines(text):
         conversation = parse_line(line_text, source=str(file), line=number)
         if timing:
             for position in conversation.turn_positions():
