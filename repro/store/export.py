@@ -12,6 +12,7 @@ from typing import Any, Literal
 from repro.errors import UsageError
 from repro.store.records import SessionRecord, TurnRecord
 from repro.store.rundir import Run
+from repro.untrusted import csv_cell
 
 ExportFormat = Literal["csv", "jsonl"]
 
@@ -48,7 +49,8 @@ def turn_rows(sessions: list[SessionRecord]) -> list[dict[str, Any]]:
 
 
 def render(run: Run, fmt: ExportFormat) -> str:
-    """The run's turns as CSV (lists joined with spaces) or JSON lines (lists as lists)."""
+    """The run's turns as CSV (lists joined with spaces, text that would start a formula behind a `'`) or
+    JSON lines (lists as lists, text as it is)."""
     rows = turn_rows(run.sessions)
     if fmt == "jsonl":
         return "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
@@ -56,7 +58,7 @@ def render(run: Run, fmt: ExportFormat) -> str:
     writer = csv.DictWriter(out, fieldnames=COLUMNS, lineterminator="\n")
     writer.writeheader()
     for row in rows:
-        writer.writerow({key: " ".join(value) if isinstance(value, list) else value for key, value in row.items()})
+        writer.writerow({key: csv_cell(" ".join(value) if isinstance(value, list) else value) for key, value in row.items()})
     return out.getvalue()
 
 
