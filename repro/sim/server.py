@@ -42,6 +42,7 @@ from repro.sim.raw_api import (
     generate_body,
 )
 from repro.sim.tokens import token_logprobs, tokenize
+from repro.untrusted import scrub_json
 
 READY_BANNER = "The server is fired up and ready to roll!"
 
@@ -61,7 +62,9 @@ _Body = TypeVar("_Body", bound=BaseModel)
 async def _validated(request: Request, model: type[_Body]) -> _Body | JSONResponse:
     """The request body validated as `model`, or the error response SGLang would give."""
     try:
-        payload = json.loads(await request.body())
+        # A lone surrogate (`"\\ud800"`) is valid JSON but no UTF-8 text: the tokenizer of a real server
+        # replaces it, as the simulator does here, rather than failing the request.
+        payload = scrub_json(json.loads(await request.body()))
     except ValueError:
         return _error("The request body is not valid JSON.", 400)
     if not isinstance(payload, dict):
