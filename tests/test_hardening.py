@@ -1,0 +1,149 @@
+"""Inputs and outputs that once broke the harness's own promises: each test reproduces one such case.
+
+JSON-lines records split only at "\\n"; CSV cells never start a formula; outputs are never aimed at records;
+bad input is one line and exit 2; model text reaches no terminal raw.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import subprocess
+from pathlib import Path
+
+import httpx
+import pytest
+from run_builders import make_run, run_main
+
+from repro.bisect.gitrepo import commit_range, prepare
+from repro.bisect.probe import ProbeResult
+from repro.jsonl import read_journal
+from repro.matrix.deploy import resolve
+from repro.matrix.design import plan
+from repro.matrix.spec import MatrixSpec
+from repro.procs import logcap
+from repro.workload.convert import convert
+from repro.workload.trace import load_trace
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "traces.jsonl"
+SEPARATORS = "\u2028 line, \u2029 paragraph, \x85 next line, \x1c file, \x0b vertical tab"
+"""Characters str.splitlines() splits on and a JSON string may hold raw."""
+
+
+def _conversation() -> dict:
+    return json.loads(EXAMPLE.read_text(encoding="utf-8").split("\n")[0])
+
+
+# JSON-lines readers split at "\n" only.
+
+def test_a_trace_holding_unicode_line_separators_loads_whole(tmp_path: Path) -> None:
+    conversation = _conversation()
+    conversation["messages"][1]["content"] += SEPARATORS
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(json.dumps(conversation, ensure_ascii=False) + "\n", encoding="utf-8")
+    loaded = load_trace(trace)
+    assert len(loaded.conversations) == 1
+    assert loaded.conversations[0].messages[1].content.endswith(SEPARATORS)
+
+
+def test_trace_convert_reads_back_what_it_wrote_with_separators_inside(tmp_path: Path) -> None:
+    conversation = _conversation()
+    messages = conversation["messages"]
+    position = next(i for i, m in enumerate(messages) if m["role"] == "assistant")
+    answer = {"role": "assistant", "content": "done" + SEPARATORS}
+    request = {"model": "m", "messages": [{"role": m["role"], "content": m["content"] + SEPARATORS}
+                                          for m in messages[:position] if m["role"] in ("system", "user")]}
+    response = {"id": "r0", "object": "chat.completion", "created": 1_700_000_000,
+                "choices": [{"index": 0, "message": answer, "finish_reason": "stop"}]}
+    log = tmp_path / "log.jsonl"
+    log.write_text(json.dumps({"request": request, "response": response}, ensure_ascii=False) + "\n", encoding="utf-8")
+    assert convert(log, tmp_path / "trace.jsonl") == (1, 1)
+    rebuilt = load_trace(tmp_path / "trace.jsonl")
+    assert rebuilt.conversations[0].messages[-1].content == "done" + SEPARATORS
+
+
+def test_a_commit_subject_with_a_line_separator_is_one_commit(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+    subprocess.run(["git", "init", "-q", str(repo)], check=True, timeout=60)
+    for subject in ("good", "odd\u2028subject\x85here", "bad"):
+        subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", subject], check=True, timeout=60)
+    shas = subprocess.run([*git, "rev-list", "--reverse", "HEAD"], check=True, capture_output=True, text=True,
+                          timeout=60).stdout.split()
+    commits = commit_range(repo, shas[0], shas[-1])
+    assert [c.sha for c in commits] == shas
+    assert commits[1].subject == "odd\u2028subject\x85here"
+
+
+def test_a_journal_with_a_tail_torn_inside_a_character_keeps_its_whole_records(tmp_path: Path) -> None:
+    journal = tmp_path / "progress.jsonl"
+    whole = json.dumps({"k": "caf\u00e9 \u2028"}, ensure_ascii=False) + "\n"
+    journal.write_bytes(whole.encode() + whole.encode()[:5] + "\u00e9".encode()[:1])
+    assert read_journal(journal, json.loads) == [{"k": "caf\u00e9 \u2028"}]
+
+
+# CSV cells never start a formula.
+
+@pytest.mark.parametrize("task", ["=HYPERLINK(\"http://x\",\"y\")", "+1+1", "-2+3", "@SUM(A1)", "\tx", "\uff1d1+1"])
+def test_export_csv_writes_formula_text_behind_a_quote(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                                       task: str) -> None:
+    run = make_run(tmp_path / "r", clean=1, corrupt=1, task=task)
+    code, out, err = run_main(capsys, "export", str(run))
+    assert code == 0, err
+    rows = list(csv.DictReader(io.StringIO(out, newline="")))
+    assert rows and all(row["task"] == "'" + task for row in rows)
+    # Numbers stay numbers, and JSON lines keep the text exactly.
+    assert all(row["session_id"].isdigit() for row in rows)
+    code, out, _ = run_main(capsys, "export", str(run), "--format", "jsonl")
+    assert {json.loads(line)["task"] for line in out.split("\n") if line} == {task}
+
+
+# Every process the harness starts writes a capped log.
+
+def test_a_bisect_build_that_only_prints_leaves_a_capped_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(logcap, "DEFAULT_MAX_BYTES", 200_000)
+    src, probe = tmp_path / "src", tmp_path / "probe"
+    src.mkdir()
+    probe.mkdir()
+    flood = "python3 -c \"import sys; [sys.stdout.write('x' * 999 + chr(10)) for _ in range(5000)]\""
+    plan = prepare(deploy="true", build=flood, rev="r", src=src, probe_dir=probe, build_timeout=120, ready_timeout=10)
+    assert not isinstance(plan, ProbeResult)  # the build succeeded
+    on_disk = sum(f.stat().st_size for f in probe.iterdir() if f.name.startswith("build.log"))
+    assert on_disk <= 200_000 + 1_000 < 5_000_000
+    assert "capped at 200000 bytes" in (probe / "build.log").read_text()
+
+
+# The simulator takes a lone surrogate as a server's tokenizer does.
+
+def test_the_simulator_answers_a_message_holding_a_lone_surrogate(sim_server) -> None:
+    sim = sim_server("--time-scale", "0")
+    body = b'{"messages": [{"role": "user", "content": "half a pair: \\ud800 here"}], "max_tokens": 64}'
+    for stream in (b"false", b"true"):
+        answer = httpx.post(f"{sim.base_url}/chat/completions", content=body[:-1] + b', "stream": ' + stream + b"}",
+                            headers={"Content-Type": "application/json"}, timeout=60)
+        assert answer.status_code == 200, answer.text
+
+
+# Matrix variables are quoted in commands and hooks as bisect quotes them.
+
+def test_a_matrix_variable_is_one_word_in_a_command_and_a_hook_never_code(tmp_path: Path) -> None:
+    mark = tmp_path / "pwned"
+    value = f"$(touch {mark}); `touch {mark}` two words"
+    levels = {"levels": {"off": {}, "on": {"flags": "--enable-hierarchical-cache"}}}
+    process = {"command": 'bash -c "printf %s ${x} > /dev/null" ${x}', "port": "${port}"}
+    external = {"url": "http://127.0.0.1:9", "setup": "printf %s ${x} ${flags} > /dev/null",
+                "teardown": "echo ${x} > /dev/null"}
+    for deployment in (process, {"external": external}):
+        spec = MatrixSpec.model_validate({"name": "q", "variables": {"port": "auto", "x": value},
+                                          "factors": {"f": levels}, "deployment": deployment})
+        launch = resolve(spec, plan(spec)[-1], log_dir=tmp_path)
+        if launch.processes[0].argv is not None:
+            argv = launch.processes[0].argv
+            assert argv[-2] == value and argv[-1] == "--enable-hierarchical-cache"
+            subprocess.run(argv[:3], check=True, timeout=60)
+        else:
+            for hook in (launch.setup, launch.teardown):
+                subprocess.run(hook, check=True, timeout=60)
+    assert not mark.exists()
