@@ -276,8 +276,10 @@ def trace_convert(
     output: Path = typer.Option(..., "--output", "-o", help="The trace file to write (.jsonl)."),
 ) -> None:
     """Rebuild the conversations of an OpenAI request/response log as a trace file."""
+    from repro.store.rundir import check_output
     from repro.workload.convert import convert
 
+    check_output(output, [log], "trace convert --output")
     calls, conversations = convert(log, output)
     typer.echo(f"trace convert: {calls} calls, {conversations} conversations: wrote {output}")
 

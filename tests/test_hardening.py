@@ -147,3 +147,44 @@ def test_a_matrix_variable_is_one_word_in_a_command_and_a_hook_never_code(tmp_pa
             for hook in (launch.setup, launch.teardown):
                 subprocess.run(hook, check=True, timeout=60)
     assert not mark.exists()
+
+
+# No output overwrites a record or an input.
+
+def test_no_writing_command_overwrites_records_or_its_input(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    run = make_run(tmp_path / "r", clean=2, corrupt=1)
+    (run / "sim.log").write_text("the server's log\n", encoding="utf-8")
+    before = {f.name: f.read_bytes() for f in run.iterdir() if f.is_file()}
+    # schema --write into a run directory, and into a matrix directory.
+    code, _, err = run_main(capsys, "schema", "--write", str(run))
+    assert code == 2 and "would overwrite a record of the run directory" in err and err.count("\n") == 1
+    matrix = tmp_path / "m"
+    matrix.mkdir()
+    for name in ("plan.json", "spec.yaml", "matrix.json"):
+        (matrix / name).write_text("{}\n", encoding="utf-8")
+    code, _, err = run_main(capsys, "schema", "--write", str(matrix))
+    assert code == 2 and "matrix directory" in err
+    assert all((matrix / name).read_text() == "{}\n" for name in ("plan.json", "matrix.json"))
+    # export -o onto sim.log, and onto a hard link to summary.json.
+    code, _, err = run_main(capsys, "export", str(run), "-o", str(run / "sim.log"))
+    assert code == 2 and "would overwrite a record" in err
+    link = tmp_path / "elsewhere.csv"
+    link.hardlink_to(run / "summary.json")
+    code, _, err = run_main(capsys, "export", str(run), "-o", str(link))
+    assert code == 2 and "summary.json" in err
+    assert {f.name: f.read_bytes() for f in run.iterdir() if f.is_file()} == before
+    # trace convert LOG -o LOG, directly or through a symbolic link.
+    log = tmp_path / "log.jsonl"
+    log.write_text('{"request": {"messages": []}}\n', encoding="utf-8")
+    (tmp_path / "alias.jsonl").symlink_to(log)
+    for out in (log, tmp_path / "alias.jsonl"):
+        code, _, err = run_main(capsys, "trace", "convert", str(log), "-o", str(out))
+        assert code == 2 and "would overwrite its input" in err
+    assert log.read_text() == '{"request": {"messages": []}}\n'
+    # A new file beside the records, and the schemas' usual home, are fine.
+    code, _, err = run_main(capsys, "export", str(run), "-o", str(run / "turns.csv"))
+    assert code == 0, err
+    code, _, err = run_main(capsys, "schema", "--write", str(tmp_path / "docs" / "schemas"))
+    assert code == 0, err
+    code, _, err = run_main(capsys, "schema", "--write", str(tmp_path / "docs" / "schemas"))
+    assert code == 0, err

@@ -349,17 +349,54 @@ def _read_model(file: Path, model: type[ModelT]) -> ModelT:
         raise DamagedRun(f"{file}: {err.errors()[0]['loc']}: {err.errors()[0]['msg']}") from None
 
 
-def check_output(output: Path, run_dirs: list[Path], option: str) -> None:
-    """Refuse to write a report where it would overwrite a run's own records (or raw bytes)."""
+RECORD_DIRS: dict[tuple[str, ...], str] = {
+    (MANIFEST, SESSIONS): "run",
+    ("plan.json", "spec.yaml"): "matrix",
+    ("setup.json",): "bisect",
+    ("sweep.json",): "sweep",
+}
+"""The files that make a directory one the harness recorded, and what it records."""
+DERIVED = frozenset({REPORT, "report.md", "junit.xml", "sweep.md", "sweep.html", "bisect.md"})
+"""Files of a record directory that are rendered from its records, so may be written again."""
+
+
+def record_kind(directory: Path) -> str | None:
+    """What `directory` records ("run", "matrix", "bisect", "sweep"), or None when it is no record directory."""
+    for markers, kind in RECORD_DIRS.items():
+        if all((directory / name).exists() for name in markers):
+            return kind
+    return None
+
+
+def check_output(output: Path, sources: list[Path], option: str) -> None:
+    """The one guard of every command that writes a file: refuse `output` when writing it would destroy
+    evidence. That is a record of a run (or raw bytes) among `sources`, an input file among `sources`
+    (itself, a symbolic or a hard link to it), any existing file of a record directory that is not a
+    rendered report (sim.log, plan.json, setup.json, ...), or a file hard-linked to a top-level file of a
+    source directory."""
     try:
         target = Path(output).resolve()
-        for run_dir in run_dirs:
-            root = Path(run_dir).resolve()
+        existing = target.stat() if target.exists() else None
+        for source in sources:
+            root = Path(source).resolve()
+            if root.is_file():
+                if existing is not None and root.samefile(target):
+                    raise UsageError(f"{option} {output}: would overwrite its input {source}; choose another path")
+                continue
             record = target.parent == root and target.name in RECORDS
             if record or target == root or target.is_relative_to(root / RAW):
                 raise UsageError(
-                    f"{option} {output}: would overwrite the records of run {run_dir}; choose another path"
+                    f"{option} {output}: would overwrite the records of run {source}; choose another path"
                 )
+            if existing is not None and existing.st_nlink > 1 and root.is_dir():
+                for file in root.iterdir():
+                    if file.is_file() and file.samefile(target):
+                        raise UsageError(f"{option} {output}: is a link to {file}, which it would overwrite; "
+                                         "choose another path")
+        kind = record_kind(target.parent)
+        if kind is not None and existing is not None and target.name not in DERIVED:
+            raise UsageError(f"{option} {output}: would overwrite a record of the {kind} directory {target.parent}; "
+                             "choose another path")
     except (OSError, RuntimeError) as err:  # RuntimeError: a symlink loop, on Python 3.11
         why = getattr(err, "strerror", None) or err
         raise UsageError(f"{option} {output}: cannot resolve the path: {why}") from None
