@@ -10,6 +10,7 @@ import csv
 import io
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import httpx
@@ -188,3 +189,90 @@ def test_no_writing_command_overwrites_records_or_its_input(capsys: pytest.Captu
     assert code == 0, err
     code, _, err = run_main(capsys, "schema", "--write", str(tmp_path / "docs" / "schemas"))
     assert code == 0, err
+
+
+# Bad input: one line, exit 2 (a probe exits 255 so that git bisect stops), nothing half-made.
+
+def test_a_trace_tool_of_another_shape_is_refused_by_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    conversation = _conversation()
+    conversation["tools"] = [{"x": 1}]
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(json.dumps(conversation) + "\n", encoding="utf-8")
+    code, _, err = run_main(capsys, "run", "--workload", str(trace), "--base-url", "http://127.0.0.1:9/v1",
+                            "--out", str(tmp_path / "never"))
+    assert code == 2 and err.startswith(f"repro: error: {trace}:1: tools") and err.count("\n") == 1
+    assert not (tmp_path / "never").exists()
+
+
+def test_trace_convert_keeps_a_lone_surrogate_as_its_escape(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    log = tmp_path / "log.jsonl"
+    log.write_text('{"request": {"messages": [{"role": "user", "content": "a\\ud800"}]}, '
+                   '"response": {"choices": [{"message": {"role": "assistant", "content": "x"}}]}}\n', encoding="utf-8")
+    code, _, err = run_main(capsys, "trace", "convert", str(log), "-o", str(tmp_path / "t.jsonl"))
+    assert code == 0, err
+    assert load_trace(tmp_path / "t.jsonl").conversations[0].messages[0].content == "a\ud800"
+
+
+def test_a_damaged_bisect_setup_or_journal_is_one_line(tmp_path: Path) -> None:
+    from repro.bisect.journal import Journal
+    from repro.errors import UsageError
+
+    (tmp_path / "setup.json").write_text("[1]", encoding="utf-8")
+    with pytest.raises(UsageError, match="setup.json is damaged"):
+        Journal(tmp_path, {"kind": "flags"}, resume=True)
+    (tmp_path / "setup.json").write_text('{"kind": "flags"}', encoding="utf-8")
+    (tmp_path / "probes.jsonl").mkdir()
+    with pytest.raises(UsageError, match="probes.jsonl: cannot read"):
+        Journal(tmp_path, {"kind": "flags"}, resume=True).probes()
+
+
+@pytest.mark.parametrize("record", ["summary.json", "sessions.jsonl"])
+def test_a_record_linked_to_an_endless_device_is_damaged_not_read(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                                                   record: str) -> None:
+    run = make_run(tmp_path / "r", clean=2)
+    (run / record).unlink()
+    (run / record).symlink_to("/dev/zero")
+    code, _, err = run_main(capsys, "export", str(run))
+    assert code == 2 and err == f"repro: error: {run / record}: not a regular file\n"
+
+
+def test_export_to_a_closed_standard_output_is_a_usage_error(tmp_path: Path) -> None:
+    run = make_run(tmp_path / "r", clean=2)
+    # `repro export RUN >&-`: the shell starts it with file descriptor 1 closed.
+    done = subprocess.run(["bash", "-c", f'"$0" -c "from repro.cli import main; main()" export {run} >&-',
+                           sys.executable], stderr=subprocess.PIPE, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 2 and done.stderr == "repro: error: export: standard output is closed; give -o FILE\n"
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--sessions", "0"], "--sessions 0: must be at least 1"),
+    (["--max-rounds", "0"], "--max-rounds 0: must be at least 1"),
+    (["--alpha", "2"], "--alpha 2: must lie strictly between 0 and 1"),
+    (["--bad-rate", "0"], "--bad-rate 0: must lie above 0 and at most 1"),
+    (["--deploy", "serve ${nope}"], "--deploy: unknown variable ${nope}"),
+])
+def test_probe_options_out_of_range_stop_before_anything_is_made(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                                                  args: list[str], expected: str) -> None:
+    out = tmp_path / "probe"
+    code, _, err = run_main(capsys, "probe", "--deploy", "true", "--bad-rate", "0.2", "--out", str(out), *args)
+    assert code == 255 and err.startswith(f"repro: error: {expected}") and err.count("\n") == 1
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--max-probes", "0"], "--max-probes 0: must be at least 1"),
+    (["--deploy", "serve ${nope} ${port}"], "--deploy: unknown variable ${nope}"),
+])
+def test_bisect_flags_options_out_of_range_stop_before_the_directory(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                                                     args: list[str], expected: str) -> None:
+    out = tmp_path / "b"
+    code, _, err = run_main(capsys, "bisect", "flags", "--good", "", "--bad", "--index-k-dtype bf16", "--out", str(out),
+                            *args)
+    assert code == 2 and err.startswith(f"repro: error: {expected}") and err.count("\n") == 1
+    assert not out.exists()
+
+
+def test_margin_without_baseline_is_refused(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, _, err = run_main(capsys, "run", "--margin", "0.1", "--out", str(tmp_path / "r"))
+    assert code == 2 and "--margin needs --baseline" in err
+    assert not (tmp_path / "r").exists()

@@ -90,6 +90,9 @@ class Journal:
             recorded = json.loads(file.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, ValueError, RecursionError) as err:
             raise UsageError(f"--resume {self.path}: {SETUP} is damaged ({type(err).__name__})") from None
+        if not isinstance(recorded, dict):
+            raise UsageError(f"--resume {self.path}: {SETUP} is damaged (a JSON {type(recorded).__name__}, "
+                             "not the setup object)")
         if recorded != json.loads(json.dumps(self.setup)):
             changed = sorted(k for k in {*recorded, *self.setup} if recorded.get(k) != self.setup.get(k))
             raise UsageError(

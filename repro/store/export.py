@@ -65,7 +65,15 @@ def render(run: Run, fmt: ExportFormat) -> str:
 def write(text: str, output: Path | None) -> None:
     """To the file, or to stdout when there is none."""
     if output is None:
-        sys.stdout.write(text)
+        if sys.stdout is None:  # started with its standard output closed (`>&-`)
+            raise UsageError("export: standard output is closed; give -o FILE")
+        try:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        except BrokenPipeError:
+            raise  # a reader that stopped early (`| head`): the CLI ends quietly, as before
+        except OSError as err:
+            raise UsageError(f"export: cannot write to standard output: {err.strerror or err}") from None
         return
     try:
         output.write_text(text, encoding="utf-8")

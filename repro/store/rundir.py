@@ -295,6 +295,14 @@ class Run:
         return self.manifest.name
 
 
+def read_regular(file: Path) -> bytes:
+    """The bytes of a record file; DamagedRun when it is not a regular file (a link to /dev/zero, a FIFO),
+    which would never end or never answer. OSError when it cannot be read."""
+    if not stat.S_ISREG(file.stat().st_mode):
+        raise DamagedRun(f"{file}: not a regular file")
+    return file.read_bytes()
+
+
 def read_sessions(path: Path) -> list[SessionRecord]:
     """Every complete line of sessions.jsonl; a torn last line (crash mid-write) is skipped.
 
@@ -305,7 +313,7 @@ def read_sessions(path: Path) -> list[SessionRecord]:
     if not file.exists():
         return []
     try:
-        data = file.read_bytes()
+        data = read_regular(file)
     except OSError as err:
         raise DamagedRun(f"{file}: cannot read: {err.strerror or err}") from None
     lines = data.split(b"\n")
@@ -340,7 +348,7 @@ def load_run(path: Path | str) -> Run:
 
 def _read_model(file: Path, model: type[ModelT]) -> ModelT:
     try:
-        return model.model_validate_json(file.read_bytes().decode("utf-8"))
+        return model.model_validate_json(read_regular(file).decode("utf-8"))
     except OSError as err:
         raise DamagedRun(f"{file}: cannot read: {err.strerror or err}") from None
     except UnicodeDecodeError:

@@ -18,6 +18,7 @@ from typing import Any
 
 from repro.errors import UsageError, read_text
 from repro.jsonl import numbered_lines
+from repro.untrusted import scrub_surrogates
 from repro.workload.trace import SENT_KEYS, json_object_line, parse_line
 
 REQUEST_KEYS = ("tools", "tool_choice", "max_tokens", "temperature")
@@ -92,6 +93,9 @@ def convert(log: Path, out: Path) -> tuple[int, int]:
         conversation = {"id": f"log-line-{call.line}", "messages": call.whole}
         conversation |= {key: call.request[key] for key in REQUEST_KEYS if call.request.get(key) is not None}
         rendered = json.dumps(conversation, ensure_ascii=False)
+        if scrub_surrogates(rendered) is not rendered:
+            # A lone surrogate (the log escaped it) has no UTF-8 form: kept exactly, as its JSON escape.
+            rendered = json.dumps(conversation)
         parse_line(rendered, source=f"{log} (converted)", line=call.line)  # what cannot be replayed is named now
         lines.append(rendered)
     try:

@@ -97,6 +97,21 @@ class Conversation(BaseModel):
     metadata: dict[str, Any] = Field(default_factory=dict)
     """Free-form; kept out of requests."""
 
+    @field_validator("tools")
+    @classmethod
+    def _function_tools(cls, tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        # The checker and the sandbox read every tool's function name and parameters: a tool of another
+        # shape must be refused here, by line and position, not found broken mid-run.
+        for position, tool in enumerate(tools):
+            function = tool.get("function")
+            if tool.get("type", "function") != "function" or not isinstance(function, dict):
+                raise ValueError(f"item {position}: expected {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}")
+            if not isinstance(function.get("name"), str) or not function["name"]:
+                raise ValueError(f"item {position}: function.name: expected a non-empty string")
+            if not isinstance(function.get("parameters", {}), dict):
+                raise ValueError(f"item {position}: function.parameters: expected a JSON Schema object")
+        return tools
+
     @field_validator("messages")
     @classmethod
     def _has_turns(cls, messages: list[TraceMessage]) -> list[TraceMessage]:
