@@ -11,6 +11,7 @@ from typing import Any
 
 import typer
 
+from repro.bisect.ranges import check_at_least, check_probability, check_probe_options, check_template
 from repro.errors import UsageError
 
 bisect_app = typer.Typer(
@@ -41,6 +42,8 @@ def probe_settings(
 
     if mode not in ("sequential", "fixed"):
         raise UsageError(f"--probe must be sequential or fixed, got {mode!r}")
+    check_probe_options(sessions=sessions, max_rounds=max_rounds, alpha=alpha, beta=beta, good_rate=good_rate,
+                        min_bad_rate=min_bad_rate)
     options = RunOptions.from_sources(config, {k: v for k, v in load.items() if v is not None})
     if sessions is None:
         sessions = options.sessions if "sessions" in options.model_fields_set else DEFAULT_SESSIONS
@@ -122,6 +125,8 @@ def flags_command(
 
     if resume and out is None:
         raise UsageError("--resume needs --out: the bisect directory to continue")
+    check_at_least("--max-probes", max_probes)
+    check_template("--deploy", deploy, FLAGS_DEPLOY_VARIABLES)
     load = {k: v for k, v in locals().items() if k in _LOAD_KEYS}
     settings = probe_settings(config=config, load=load, sessions=sessions, max_rounds=max_rounds, mode=probe,
                               alpha=alpha, beta=beta, good_rate=good_rate, min_bad_rate=min_bad_rate, seed=seed)
@@ -131,6 +136,9 @@ def flags_command(
     raise typer.Exit(result.exit_code)
 
 
+FLAGS_DEPLOY_VARIABLES = ("flags", "port", "python")
+COMMIT_BUILD_VARIABLES = ("rev", "src", "python")
+COMMIT_DEPLOY_VARIABLES = (*COMMIT_BUILD_VARIABLES, "port")
 DEPLOY_HELP = "Server command, run in the commit's checkout, with ${rev}, ${port}, ${src} and ${python}."
 BUILD = typer.Option(None, "--build", help="Build command run in the checkout first; failing makes the probe inconclusive.")
 BUILD_TIMEOUT = typer.Option(1800.0, "--build-timeout", help="Seconds a build may take.")
@@ -190,6 +198,9 @@ def commits_command(
         raise UsageError("--resume needs --out: the bisect directory to continue")
     if (deploy is None) == (matrix_deployment is None):
         raise UsageError("give exactly one of --deploy, --matrix-deployment")
+    check_at_least("--max-probes", max_probes)
+    check_template("--deploy", deploy, COMMIT_DEPLOY_VARIABLES)
+    check_template("--build", build, COMMIT_BUILD_VARIABLES)
     matrix = load_deployment(matrix_deployment, matrix_cell) if matrix_deployment is not None else None
     # A matrix spec's load section comes first; the command line's load options win over it.
     load = {**(matrix[0].load if matrix else {}), **{k: v for k, v in locals().items() if k in _LOAD_KEYS and v is not None}}
@@ -252,6 +263,10 @@ def probe_command(
         src = src.resolve()
         head = subprocess.run(["git", "-C", str(src), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=60)
         rev = head.stdout.strip() if head.returncode == 0 else "unknown"
+        check_probability("--bad-rate", bad_rate, one_allowed=True)
+        check_probability("--delta", delta)
+        check_template("--deploy", deploy, COMMIT_DEPLOY_VARIABLES)
+        check_template("--build", build, COMMIT_BUILD_VARIABLES)
         load = {k: v for k, v in locals().items() if k in _LOAD_KEYS}
         settings = probe_settings(config=config, load=load, sessions=sessions, max_rounds=max_rounds, mode=probe,
                                   alpha=alpha, beta=beta, good_rate=good_rate, min_bad_rate=good_rate * 2, seed=seed)
