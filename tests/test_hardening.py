@@ -75,7 +75,8 @@ def test_a_commit_subject_with_a_line_separator_is_one_commit(tmp_path: Path) ->
                           timeout=60).stdout.split()
     commits = commit_range(repo, shas[0], shas[-1])
     assert [c.sha for c in commits] == shas
-    assert commits[1].subject == "odd\u2028subject\x85here"
+    # One commit, its subject whole; the separators are shown as U+FFFD like every control character.
+    assert commits[1].subject == "odd\ufffdsubject\ufffdhere"
 
 
 def test_a_journal_with_a_tail_torn_inside_a_character_keeps_its_whole_records(tmp_path: Path) -> None:
@@ -276,3 +277,21 @@ def test_margin_without_baseline_is_refused(capsys: pytest.CaptureFixture[str], 
     code, _, err = run_main(capsys, "run", "--margin", "0.1", "--out", str(tmp_path / "r"))
     assert code == 2 and "--margin needs --baseline" in err
     assert not (tmp_path / "r").exists()
+
+
+# Escapes from commit subjects reach neither the terminal nor report.md.
+
+def test_terminal_escapes_in_a_commit_subject_are_replaced_for_terminal_and_markdown(tmp_path: Path) -> None:
+    from repro.report.markdown import md_escape
+
+    repo = tmp_path / "repo"
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+    subprocess.run(["git", "init", "-q", str(repo)], check=True, timeout=60)
+    hostile = "fix \x1b[2J\x1b]0;pwned\x07\x9b31m cache"
+    for subject in ("good", hostile):
+        subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", subject], check=True, timeout=60)
+    shas = subprocess.run([*git, "rev-list", "--reverse", "HEAD"], check=True, capture_output=True, text=True,
+                          timeout=60).stdout.split()
+    label = commit_range(repo, shas[0], shas[1])[1].label(1)
+    assert not any(ch in label for ch in "\x1b\x07\x9b") and label.endswith("fix \ufffd[2J\ufffd]0;pwned\ufffd\ufffd31m cache")
+    assert not any(ch in md_escape(hostile) for ch in "\x1b\x07\x9b")

@@ -23,6 +23,7 @@ from repro.jsonl import numbered_lines
 from repro.matrix.deploy import LaunchPlan
 from repro.matrix.spec import Template
 from repro.procs.process import free_port, one_line, start_process
+from repro.untrusted import printable
 
 GIT_TIMEOUT_S = 300.0
 
@@ -63,7 +64,8 @@ def commit_range(repo: Path, good: str, bad: str) -> list[Commit]:
     log = _git(repo, "log", "--first-parent", "--reverse", "--format=%H%x00%s", f"{good_sha}..{bad_sha}")
     later = [line.split("\0", 1) for _, line in numbered_lines(log.stdout.decode(errors="replace"))]
     subject = _git(repo, "log", "-1", "--format=%s", good_sha).stdout.decode(errors="replace").strip()
-    commits = [Commit(good_sha, subject), *(Commit(sha, text) for sha, text in later)]
+    # A subject is shown on the terminal and in the reports, never used: its control characters go here.
+    commits = [Commit(good_sha, printable(subject)), *(Commit(sha, printable(text)) for sha, text in later)]
     if commits[-1].sha != bad_sha:
         raise UsageError(f"--bad {bad} is not on the first-parent line from --good {good}")
     return commits
