@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import json
 import os
 import signal
@@ -43,6 +42,7 @@ from repro.matrix import sequential
 from repro.matrix.analysis import CellRun, MatrixAnalysis, analyse, cell_counts
 from repro.matrix.deploy import CellDeployment, describe, resolve, stop_stale
 from repro.matrix.design import Cell, PlannedRun, cells, plan
+from repro.matrix.fingerprint import plan_fields, resume_refusal
 from repro.matrix.plan import Plan, PlannedEntry
 from repro.matrix.report import write_reports
 from repro.matrix.spec import AUTO, MatrixSpec, load_spec
@@ -74,11 +74,6 @@ class MatrixResult:
 def default_dir(spec: MatrixSpec, root: Path = Path("reports")) -> Path:
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     return root / f"{stamp}-matrix-{slug(spec.name)}"
-
-
-def _fingerprint(spec: MatrixSpec) -> str:
-    # Where runs are placed does not change what they measure: a matrix may resume on other nodes.
-    return hashlib.sha256(spec.model_dump_json(exclude={"resources"}).encode()).hexdigest()
 
 
 def _finished_summary(run_dir: Path) -> Summary | None:
@@ -171,11 +166,9 @@ class MatrixRunner:
                 raise UsageError(f"--resume {self.path}: {PLAN} is damaged ({type(err).__name__})") from None
             if not isinstance(recorded, dict):
                 raise UsageError(f"--resume {self.path}: {PLAN} is damaged (not a JSON object)")
-            if recorded.get("fingerprint") != _fingerprint(self.spec):
-                raise UsageError(
-                    f"--resume {self.path}: the spec or its variables changed since this matrix started; "
-                    "resume with the same spec, or start a new matrix directory"
-                )
+            refusal = resume_refusal(recorded, self.spec, str(self.path))
+            if refusal is not None:
+                raise UsageError(refusal)
             self.records = _read_progress(self.path / PROGRESS)
             return
         if self.path.exists() and (not self.path.is_dir() or any(self.path.iterdir())):
@@ -183,7 +176,7 @@ class MatrixRunner:
         (self.path / CELLS).mkdir(parents=True, exist_ok=True)
         (self.path / SPEC_COPY).write_text(spec_text, encoding="utf-8")
         runs = [PlannedEntry(key=r.key, cell=r.cell.as_dict(), replicate=r.replicate, order=r.order) for r in self.runs]
-        plan_record = Plan(name=self.spec.name, fingerprint=_fingerprint(self.spec), variables=self.spec.variables, runs=runs)
+        plan_record = Plan(name=self.spec.name, variables=self.spec.variables, runs=runs, **plan_fields(self.spec))
         dump_json(plan_file, plan_record.model_dump(mode="json"))
 
     def _finished(self, run: PlannedRun) -> CellRun | None:
