@@ -254,6 +254,21 @@ def export_command(
     write(render(load_run(run_dir), fmt), output)  # type: ignore[arg-type]
 
 
+@app.command("reanalyse")
+def reanalyse_command(
+    matrix_dir: Path = typer.Argument(..., help="A matrix directory, recorded by this or any earlier repro."),
+    out: Path | None = typer.Option(None, "--out", help="Where to write (default: MATRIX_DIR/reanalysis/)."),
+) -> None:
+    """Apply this version's analysis to a matrix's finished cells, without rerunning any."""
+    from repro.matrix.reanalyse import reanalyse
+
+    analysis, target, version = reanalyse(matrix_dir, out)
+    typer.echo(analysis.verdict or "No finished cells: no verdict.")
+    made_by = f"repro {version}" if version else "an earlier repro"
+    typer.echo(f"reanalyse: cells recorded by {made_by}, analysed by repro {__version__}: {target} "
+               "(matrix.json, report.html)")
+
+
 @app.command("schema")
 def schema_command(
     name: str | None = typer.Argument(None, help="Schema to print: run, workload, trace, matrix, manifest, session, summary, …"),
@@ -278,8 +293,10 @@ def trace_convert(
     output: Path = typer.Option(..., "--output", "-o", help="The trace file to write (.jsonl)."),
 ) -> None:
     """Rebuild the conversations of an OpenAI request/response log as a trace file."""
+    from repro.store.rundir import check_output
     from repro.workload.convert import convert
 
+    check_output(output, [log], "trace convert --output")
     calls, conversations = convert(log, output)
     typer.echo(f"trace convert: {calls} calls, {conversations} conversations: wrote {output}")
 

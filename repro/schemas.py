@@ -188,12 +188,16 @@ def render(name: str) -> str:
 
 def write_all(directory: Path) -> list[Path]:
     """Write every schema to DIRECTORY/<name>.json and the field reference to DIRECTORY/../formats.md."""
+    from repro.store.rundir import check_output
+
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise UsageError(f"schema --write {directory}: cannot create: {err.strerror or err}") from None
     files = {directory / f"{name}.json": render(name) for name in SCHEMAS}
     files[directory.parent / FORMATS_PAGE] = markdown()
+    for path in files:
+        check_output(path, [], "schema --write")
     for path, text in files.items():
         try:
             path.write_text(text, encoding="utf-8")

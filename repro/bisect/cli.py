@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from repro.bisect.ranges import check_at_least, check_probability, check_probe_options, check_template
 from repro.errors import UsageError
 from repro.option_groups import OptionGroup
 from repro.store.paths import default_dir
@@ -45,6 +46,8 @@ def probe_settings(
 
     if mode not in ("sequential", "fixed"):
         raise UsageError(f"--probe must be sequential or fixed, got {mode!r}")
+    check_probe_options(sessions=sessions, max_rounds=max_rounds, alpha=alpha, beta=beta, good_rate=good_rate,
+                        min_bad_rate=min_bad_rate)
     options = RunOptions.from_sources(config, {k: v for k, v in load.items() if v is not None})
     if sessions is None:
         sessions = options.sessions if "sessions" in options.model_fields_set else DEFAULT_SESSIONS
@@ -121,6 +124,8 @@ def flags_command(
     out, resume, parallel = options["out"], options["resume"], options["parallel"]
     if resume and out is None:
         raise UsageError("--resume needs --out: the bisect directory to continue")
+    check_at_least("--max-probes", max_probes)
+    check_template("--deploy", deploy, FLAGS_DEPLOY_VARIABLES)
     settings = _settings(options, max_rounds=max_rounds, mode=options["probe"], min_bad_rate=options["min_bad_rate"])
     runner = probe_executor(options["executor"], ray_address=options["ray_address"], parallel=parallel,
                             resources=resources)
@@ -130,6 +135,9 @@ def flags_command(
     raise typer.Exit(result.exit_code)
 
 
+FLAGS_DEPLOY_VARIABLES = ("flags", "port", "python")
+COMMIT_BUILD_VARIABLES = ("rev", "src", "python")
+COMMIT_DEPLOY_VARIABLES = (*COMMIT_BUILD_VARIABLES, "port")
 DEPLOY_HELP = "Server command, run in the commit's checkout, with ${rev}, ${port}, ${src} and ${python}."
 BUILD = typer.Option(None, "--build", help="Build command run in the checkout first; failing makes the probe inconclusive.")
 BUILD_TIMEOUT = typer.Option(1800.0, "--build-timeout", help="Seconds a build may take.")
@@ -173,6 +181,9 @@ def commits_command(
         raise UsageError("--resume needs --out: the bisect directory to continue")
     if (deploy is None) == (matrix_deployment is None):
         raise UsageError("give exactly one of --deploy, --matrix-deployment")
+    check_at_least("--max-probes", max_probes)
+    check_template("--deploy", deploy, COMMIT_DEPLOY_VARIABLES)
+    check_template("--build", build, COMMIT_BUILD_VARIABLES)
     matrix = load_deployment(matrix_deployment, matrix_cell) if matrix_deployment is not None else None
     # A matrix spec's load section comes first; the command line's load options win over it.
     settings = _settings(options, max_rounds=max_rounds, mode=options["probe"], min_bad_rate=options["min_bad_rate"],
@@ -234,6 +245,10 @@ def probe_command(
         src = src.resolve()
         head = subprocess.run(["git", "-C", str(src), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=60)
         rev = head.stdout.strip() if head.returncode == 0 else "unknown"
+        check_probability("--bad-rate", bad_rate, one_allowed=True)
+        check_probability("--delta", delta)
+        check_template("--deploy", deploy, COMMIT_DEPLOY_VARIABLES)
+        check_template("--build", build, COMMIT_BUILD_VARIABLES)
         settings = _settings(options, max_rounds=max_rounds, mode=probe, min_bad_rate=options["good_rate"] * 2)
         settings = dataclasses.replace(settings, delta=delta)
         plan = settings.plan(bad_rate, commits)

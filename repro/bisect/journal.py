@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from repro.errors import UsageError
+from repro.jsonl import read_journal
 from repro.store.rundir import dump_json, read_recorded
 
 SETUP = "setup.json"
@@ -92,16 +93,7 @@ class Journal:
 
     def probes(self) -> list[ProbeRecord]:
         """Every probe that ended, in order; a torn last line (SIGKILL mid-write) is ignored."""
-        file = self.path / PROBES
-        if not file.exists():
-            return []
-        records = []
-        for line in file.read_text(encoding="utf-8").splitlines():
-            try:
-                records.append(ProbeRecord.model_validate_json(line))
-            except ValueError:
-                continue
-        return records
+        return read_journal(self.path / PROBES, ProbeRecord.model_validate_json)
 
     def append(self, record: ProbeRecord) -> None:
         with open(self.path / PROBES, "a", encoding="utf-8") as fh:

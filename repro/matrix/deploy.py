@@ -143,9 +143,12 @@ def resolve(
         log_dir=str(log_dir),
     )
 
-    def sub(text: str, extra: dict[str, str] | None = None) -> str:
+    def sub(text: str, extra: dict[str, str] | None = None, *, shell: bool = False) -> str:
+        """`text` with its variables; in a command (`shell`), each value shell-quoted as bisect quotes it, so
+        a value is one word and never code (`extra` holds text already written for the shell: the flags)."""
+        values = {k: shlex.quote(v) for k, v in variables.items()} if shell else variables
         try:
-            return Template(text).substitute({**variables, **(extra or {})})
+            return Template(text).substitute({**values, **(extra or {})})
         except (KeyError, ValueError) as err:
             raise UsageError(f"cannot substitute variables in {text!r}: {err}") from None
 
@@ -156,7 +159,7 @@ def resolve(
         applying = [level for _, level in levels if _applies(level, proc)]
         command = next((lv.command for lv in reversed(applying) if lv.command is not None), proc.command)
         flags = [sub(flag) for level in applying for flag in level.flags]
-        argv = shlex.split(sub(command, {"flags": shlex.join(flags)}))
+        argv = shlex.split(sub(command, {"flags": shlex.join(flags)}, shell=True))
         if "flags" not in Template(command).get_identifiers():
             argv += flags
         env = {**base_env, **{k: sub(v) for k, v in proc.env.items()}}
@@ -181,8 +184,8 @@ def resolve(
         processes.append(ProcessLaunch("external", None, {}, ready, info or None, expect))
         env = {**base_env, **{k: sub(v) for _, level in levels for k, v in level.env.items()}}
         hooks = dict(
-            setup=["bash", "-c", sub(ext.setup, extra)],
-            teardown=["bash", "-c", sub(ext.teardown, extra)],
+            setup=["bash", "-c", sub(ext.setup, extra, shell=True)],
+            teardown=["bash", "-c", sub(ext.teardown, extra, shell=True)],
             hook_env={**env, "REPRO_FLAGS": shlex.join(all_flags), "REPRO_CELL": run.cell.name},
             hook_timeout=ext.hook_timeout,
         )

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import os
 import signal
 from dataclasses import dataclass
@@ -34,11 +33,13 @@ from repro.errors import (
     is_interrupt,
     request_interrupt,
 )
+from repro.jsonl import read_journal
 from repro.matrix import sequential
 from repro.matrix.analysis import CellRun, MatrixAnalysis, analyse, cell_counts
 from repro.matrix.cell import CELLS, LOGS, move_aside, run_cell
 from repro.matrix.deploy import stop_stale
 from repro.matrix.design import Cell, PlannedRun, cells, plan
+from repro.matrix.fingerprint import plan_fields, resume_refusal
 from repro.matrix.plan import Plan, PlannedEntry
 from repro.matrix.report import write_reports
 from repro.matrix.spec import MatrixSpec, load_spec
@@ -66,9 +67,6 @@ class MatrixResult:
     """Why the per-factor analysis failed (a harness bug); `analysis` then holds the cells only."""
 
 
-def _fingerprint(spec: MatrixSpec) -> str:
-    # Where runs are placed does not change what they measure: a matrix may resume on other nodes.
-    return hashlib.sha256(spec.model_dump_json(exclude={"resources"}).encode()).hexdigest()
 
 
 def _finished_summary(run_dir: Path) -> Summary | None:
@@ -84,16 +82,7 @@ def _finished_summary(run_dir: Path) -> Summary | None:
 
 def _read_progress(path: Path) -> dict[str, CellRun]:
     """The last record per run key; a torn last line (SIGKILL mid-write) is ignored."""
-    records: dict[str, CellRun] = {}
-    if not path.exists():
-        return records
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            record = CellRun.model_validate_json(line)
-        except ValueError:
-            continue
-        records[record.key] = record
-    return records
+    return {record.key: record for record in read_journal(path, CellRun.model_validate_json)}
 
 
 def _append_progress(path: Path, record: CellRun) -> None:
@@ -155,11 +144,9 @@ class MatrixRunner:
         plan_file = self.path / PLAN
         if resume:
             recorded = read_recorded(self.path, PLAN, kind="matrix")
-            if recorded.get("fingerprint") != _fingerprint(self.spec):
-                raise UsageError(
-                    f"--resume {self.path}: the spec or its variables changed since this matrix started; "
-                    "resume with the same spec, or start a new matrix directory"
-                )
+            refusal = resume_refusal(recorded, self.spec, str(self.path))
+            if refusal is not None:
+                raise UsageError(refusal)
             self.records = _read_progress(self.path / PROGRESS)
             return
         if self.path.exists() and (not self.path.is_dir() or any(self.path.iterdir())):
@@ -167,7 +154,7 @@ class MatrixRunner:
         (self.path / CELLS).mkdir(parents=True, exist_ok=True)
         (self.path / SPEC_COPY).write_text(spec_text, encoding="utf-8")
         runs = [PlannedEntry(key=r.key, cell=r.cell.as_dict(), replicate=r.replicate, order=r.order) for r in self.runs]
-        plan_record = Plan(name=self.spec.name, fingerprint=_fingerprint(self.spec), variables=self.spec.variables, runs=runs)
+        plan_record = Plan(name=self.spec.name, variables=self.spec.variables, runs=runs, **plan_fields(self.spec))
         dump_json(plan_file, plan_record.model_dump(mode="json"))
 
     def _finished(self, run: PlannedRun) -> CellRun | None:

@@ -34,6 +34,7 @@ from repro.errors import (
     yaml_lines,
 )
 from repro.run.options import STRING_OR_LIST, RunOptions
+from repro.procs.logcap import DEFAULT_MAX_BYTES
 
 BUILTIN_VARIABLES = ("python", "flags", "cell", "replicate", "run_seed", "log_dir")
 """Set by the harness per cell: the Python running repro, the cell's shell-quoted flags, the cell name,
@@ -178,7 +179,7 @@ class Deployment(_Model):
     """How long to wait for the processes to answer their ready URLs."""
     stop_timeout: float = Field(30.0, gt=0)
     """Seconds between SIGTERM and SIGKILL at teardown."""
-    log_max_bytes: int = Field(200_000_000, ge=4096)
+    log_max_bytes: int = Field(DEFAULT_MAX_BYTES, ge=4096)
     """Cap on each launched process's log: the first half is kept, then the latest output rotates."""
 
     @model_validator(mode="after")

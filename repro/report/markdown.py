@@ -1,7 +1,8 @@
 """The Markdown summary: verdicts, the outcome table, comparisons and gate checks, sized for a GitHub job summary.
 
 GitHub renders some inline HTML in job summaries, so every text that came from a run (names, rule ids,
-gate lines) goes through `md_escape` first.
+gate lines) goes through `md_escape` first; it also replaces control characters, so a report.md printed
+on a terminal cannot carry escape sequences.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import re
 
 from repro.store.records import ParserEffect
 from repro.report.model import ReportModel, clip, fmt_conf, fmt_pct, fmt_points, fmt_range
+from repro.untrusted import printable
 
 # Only what acts mid-line: emphasis, code, links, tables, strikethrough, @mentions and #issue links.
 _SPECIAL = re.compile(r"([\\`*_\[\]|~@#])")
@@ -19,7 +21,7 @@ _ICON = {"corrupt": "🔴", "clean": "🟢", "inconclusive": "🟠"}
 def md_escape(text: object) -> str:
     """Text safe in a Markdown table cell: no HTML, no Markdown syntax, no line breaks; bounded in length."""
     value = clip(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-    return _SPECIAL.sub(r"\\\1", re.sub(r"\s+", " ", value))
+    return _SPECIAL.sub(r"\\\1", printable(re.sub(r"\s+", " ", value)))
 
 
 def _code(text: str) -> str:

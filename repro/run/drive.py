@@ -17,6 +17,7 @@ import httpx
 from rich.console import Console
 
 from repro.cluster.rayutil import DEFAULT_RESOURCES, connected
+from repro.run import clock
 from repro.run.display import show_progress
 from repro.run.load import LoadProgress, run_load
 from repro.run.metrics import MetricsScraper, metrics_url
@@ -141,6 +142,8 @@ async def drive(
                 def make_session(index: int, first: int = wave.start) -> Session:
                     return kind(first + index, config, client, keep_raw=keep_raw, origin=origin)
 
+                if config.clock_url is not None:
+                    await clock.declare(config.clock_url, len(wave), concurrency)
                 if options.sharded:  # one wave: RunOptions refuses --workers with --until-decided
                     result = await run_sharded(
                         min(options.workers, concurrency, len(wave)), len(wave), concurrency, config, on_finish, keep_raw,

@@ -197,6 +197,8 @@ class RunOptions(BaseModel):
 
     @model_validator(mode="after")
     def _stopping_needs(self) -> "RunOptions":
+        if "margin" in self.model_fields_set and self.baseline is None:
+            raise ValueError("--margin needs --baseline (it is the increase over the baseline that passes)")
         if self.baseline is not None and not self.until_decided:
             raise ValueError("--baseline needs --until-decided (a finished run is compared by `repro gate --baseline`)")
         if self.until_decided:

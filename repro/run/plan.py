@@ -16,6 +16,7 @@ import httpx
 
 from repro import __version__
 from repro.cluster.node import where
+from repro.run import clock
 from repro.run.observe import thinking_of
 from repro.run.options import DEFAULT_TURNS, MAX_REPLAY_TURNS, RunOptions
 from repro.run.rawprobe import PROBE_TIMEOUT_S, ProbeRequest, ProbeResult, probe
@@ -46,6 +47,7 @@ def session_config(options: RunOptions, target: Target, workload: Workload | Tra
         max_turn_bytes=options.max_turn_bytes,
         extra_body=options.extra_body,
         headers=headers,
+        clock_url=clock.clock_url(target.server_info, target.base_url),
     )
 
 

@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 import anyio
 
+from repro.run import clock
 from repro.run.observe import (
     Judgement,
     ObservePlan,
@@ -66,6 +67,8 @@ class SessionConfig:
     extra_body: dict[str, Any] = field(default_factory=dict)
     headers: dict[str, str] = field(default_factory=dict)
     observe: ObservePlan = field(default_factory=ObservePlan)
+    clock_url: str | None = None
+    """A simulator on the virtual clock: where sessions say they ended (repro.run.clock); None otherwise."""
 
     # Built once per run, not per turn: both showed up in the client's CPU profile.
     @functools.cached_property
@@ -217,6 +220,16 @@ class Session:
         self.finished = True
         return False
 
+    def _headers(self) -> dict[str, str] | None:
+        if self.config.clock_url is None:
+            return self.config.headers or None
+        return {**self.config.headers, **clock.session_headers(self.session_id)}
+
+    async def leave(self) -> None:
+        """After `run()`: a simulator on the virtual clock stops waiting for this session."""
+        if self.config.clock_url is not None:
+            await clock.end(self.config.clock_url, self.session_id)
+
     def _payload(self) -> dict[str, Any]:
         """The chat request for the conversation so far."""
         return self.config.payload(self.messages)
@@ -248,7 +261,7 @@ class Session:
             stream=config.stream,
             turn_timeout=budget,
             stall_timeout=config.stall_timeout,
-            headers=config.headers or None,
+            headers=self._headers(),
             max_bytes=config.max_turn_bytes,
             rawtext=collector,
             encoder=self.encoder,

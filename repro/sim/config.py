@@ -56,7 +56,13 @@ class SimConfig(BaseModel):
     index_k_gate: bool = False
     """The fix: the index-K read waits for its layer's load-back like the main-KV read does."""
     time_scale: float = Field(0.2, ge=0)
-    """Real seconds per simulated second (0 runs the clock as fast as the CPU allows)."""
+    """Real seconds per simulated second (0 runs the clock as fast as the CPU allows); the real clock only."""
+    clock: Literal["real", "virtual"] = "real"
+    """real: the engine keeps pace with the wall clock, and when a client's turn lands depends on the machine.
+    virtual: the engine steps once every session the client declared has its request in (repro.sim.lockstep):
+    the same seed and flags give the same faults at any machine load."""
+    lockstep_patience: float = Field(60.0, gt=0)
+    """Virtual clock: real seconds the engine waits for a missing session before it steps without it."""
     seed: int = 0
     final_after_turns: int = Field(6, ge=1)
     """Answer with a final text once the conversation holds this many assistant turns."""
@@ -80,7 +86,10 @@ _FLAG_HELP: dict[str, str] = {
     "enable_hierarchical_cache": "HiCache: evicted prefix pages move to a host tier and are loaded back layer by layer",
     "index_k_dtype": "index-K storage: bf16 copies twice the bytes of fp8 per layer",
     "index_k_gate": "the fix: gate the index-K read on its layer's load-back",
-    "time_scale": "real seconds per simulated second",
+    "time_scale": "real seconds per simulated second (real clock)",
+    "clock": "real (paced by the wall clock) or virtual (steps once the client's declared sessions are in: "
+             "the same seed gives the same faults at any machine load)",
+    "lockstep_patience": "virtual clock: real seconds to wait for a missing session before stepping without it",
     "final_after_turns": "assistant turns before the model gives a final answer",
     "fault_log": "JSON-lines file recording every injected fault (ground truth)",
     "logprobs_coverage": "chat log-probabilities: full (as SGLang 0.5.23), no-tool-calls (withheld from the "
