@@ -40,6 +40,7 @@ from repro.errors import (
 )
 from repro.matrix import sequential
 from repro.matrix.analysis import CellRun, MatrixAnalysis, analyse, cell_counts
+from repro.matrix.exercise import not_exercised
 from repro.matrix.deploy import CellDeployment, describe, resolve, stop_stale
 from repro.matrix.design import Cell, PlannedRun, cells, plan
 from repro.matrix.plan import Plan, PlannedEntry
@@ -403,6 +404,18 @@ def run_cell(
         )
     if result.summary.interrupted:
         raise KeyboardInterrupt
+    idle = not_exercised(spec, run.cell.as_dict(), result.path, confirmation.server_info)
+    if idle is not None:
+        # Its clean sessions say nothing about a level that never acted: named, left out, rerun by --resume.
+        aside = _move_aside(path / CELLS / run.key)
+        return CellRun(
+            status="failed",
+            message=f"not exercised: {idle}",
+            run_dir=aside.relative_to(path).as_posix(),
+            notes=notes,
+            duration_s=time.monotonic() - started,
+            **base,
+        )
     return CellRun(
         status="finished",
         counts=dict(result.summary.counts),

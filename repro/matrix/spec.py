@@ -19,6 +19,7 @@ from pydantic import (
     BaseModel, ConfigDict, Field, NonNegativeFloat, ValidationError, WithJsonSchema, field_validator, model_validator,
 )
 
+from repro.store.conditions import ConditionError, validate
 from repro.errors import UniqueKeyLoader, UsageError, describe_validation_error, load_yaml, yaml_lines
 
 BUILTIN_VARIABLES = ("python", "flags", "cell", "replicate", "run_seed", "log_dir")
@@ -78,8 +79,19 @@ class Level(_Model):
     """The processes this level's flags, env and command apply to; default every feature process."""
     confirm: dict[str, Any] = Field(default_factory=dict)
     """Keys `/server_info` must show on every process this level applies to (dotted paths allowed)."""
+    exercise: Annotated[list[str], WithJsonSchema(STRING_OR_LIST)] = Field(default_factory=list)
+    """Conditions on the cell's metrics that show the level acted, e.g. `host_load_back_tokens > 0` or
+    `delta(sglang:evicted_tokens_total) > 0`; a cell where one does not hold is left out of the analysis."""
 
     _split = field_validator("flags", mode="before")(_split_flags)
+
+    @field_validator("exercise", mode="before")
+    @classmethod
+    def _conditions(cls, value: Any) -> list[str]:
+        try:
+            return validate(value)
+        except ConditionError as err:
+            raise ValueError(str(err)) from None
 
 
 class Factor(_Model):

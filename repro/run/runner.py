@@ -520,7 +520,8 @@ async def _drive(
         anyio.create_task_group() as group,
     ):
         scraper = MetricsScraper(side_client, metrics_url(base_url), writer.path / METRICS)
-        group.start_soon(scraper.run, origin)
+        if await scraper.scrape_once(origin):  # no metrics at the first scrape: none are looked for again
+            group.start_soon(scraper.follow, origin)
         group.start_soon(show_progress, progress, console, live)
 
         kind = ReplaySession if isinstance(config.workload, Trace) else Session
@@ -578,8 +579,9 @@ async def _drive(
         interrupted = interrupted or (halt.is_set() and not decided)
         group.cancel_scope.cancel()
         if not interrupted:
-            # The counters as the run ends, whatever the scrape interval left out.
-            await scraper.scrape_once(origin)
+            # The counters as the run ends, whatever the scrape interval left out (shielded: the group is cancelled).
+            with anyio.CancelScope(shield=True):
+                await scraper.scrape_once(origin)
     return _Driven(records, interrupted or bool(lost), lag, duration, worker_lag, lost, looks if rule is not None else None)
 
 
@@ -737,11 +739,14 @@ def _save(
         ]})
     else:
         stop_reason = None
+    from repro.store.exercise import assess, read_samples
+
+    exercised = assess(read_samples(run_dir / METRICS), manifest.server_info)
     summary = summarize(
         records, loop_lag_s=lag, worker_loop_lag_s=driven.worker_lag, duration_s=duration, interrupted=interrupted,
         lost=writer.lost,
         stop_reason=f"the run stopped early: cannot write ({full.strerror or full})" if full is not None else stop_reason,
-        observe=observe.get("mode"), raw_source=observe.get("raw_source"),
+        observe=observe.get("mode"), raw_source=observe.get("raw_source"), exercised=exercised,
     )
     stopped = None
     if rule is not None and driven.looks is not None:
