@@ -7,10 +7,20 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Callable
 
+import pytest
+from rich.console import Console
+
+from repro.errors import UsageError
+from repro.report import render_report
 from repro.run.gate import evaluate
 from repro.run.metrics import parse_samples
+from repro.run.pressure import Capacity, from_metrics, from_server_info, parse_factor, plan
+from repro.run.runner import RunOptions, execute_run
+from repro.sim.launch import SimHandle
 from repro.store.exercise import Sample, assess
+from repro.workload.scenario import load_workload
 from run_builders import make_run
 
 HICACHE_ON = {"enable_hierarchical_cache": True, "disable_cuda_graph": False, "disaggregation_mode": "null"}
@@ -127,6 +137,11 @@ def test_gate_is_inconclusive_naming_the_idle_feature_and_its_metric(tmp_path: P
                           '{cache_source="host"} did not rise (tokens loaded back from the host tier: 0)')
     # The rate itself passed: only the exercise makes it inconclusive.
     assert next(c for c in result.checks if c.name == "corruption-rate").status == "pass"
+    # The report's banner says the same instead of CLEAN.
+    render_report([tmp_path / "idle"], tmp_path / "idle.html")
+    page = (tmp_path / "idle.html").read_text(encoding="utf-8")
+    assert "INCONCLUSIVE: the load never exercised what it tests (HiCache: on but NOT EXERCISED: " in page
+    assert "CLEAN:" not in page
 
 
 def test_gate_fails_on_corruption_even_when_a_feature_was_idle(tmp_path: Path) -> None:
@@ -141,3 +156,74 @@ def test_gate_passes_when_the_feature_acted_or_nothing_can_tell(tmp_path: Path) 
     for name, exercise in (("acted", acted), ("unknown", unknown)):
         result = evaluate(make_run(tmp_path / name, clean=200, exercised=exercise), max_corruption_rate=0.05)
         assert result.exit_code == 0, name
+
+
+def test_capacity_from_sglang_server_info_and_vllm_cache_config() -> None:
+    info = {"max_total_tokens": 700_000, "page_size": 256, "enable_hierarchical_cache": True, "hicache_ratio": 2.0}
+    assert from_server_info(info) == Capacity(700_000, "/server_info max_total_tokens", 256, 1_400_000)
+    assert from_server_info({**info, "enable_hierarchical_cache": False}).host_tokens is None
+    assert from_server_info({"version": "x"}) is None and from_server_info(None) is None
+    text = ('# TYPE vllm:cache_config_info gauge\n'
+            'vllm:cache_config_info{block_size="16",cache_dtype="auto",enable_prefix_caching="True",'
+            'engine="0",num_gpu_blocks="40000"} 1.0\n')
+    assert from_metrics(text) == Capacity(640_000, "vllm:cache_config_info num_gpu_blocks x block_size", 16)
+    assert from_metrics("garbage {") is None
+
+
+def test_pressure_sizes_each_session_to_overflow_the_pool_and_warns_when_a_load_cannot() -> None:
+    workload = load_workload(None).workload
+    pool = Capacity(700_000, "test", 256, 1_400_000)
+    unsized = plan(pool, workload, active=60, turns=12, factor=None)
+    assert unsized.context_tokens == 0 and unsized.working_set < 700_000
+    assert unsized.warning is not None and "cannot make the server evict" in unsized.warning
+    sized = plan(pool, workload, active=60, turns=12, factor=2.0)
+    assert sized.warning is None and 2 * 700_000 <= sized.working_set < 2 * 700_000 + 60
+    assert any("60 sessions at once" in line for line in sized.lines)
+    # A few sessions cannot hold two pools in documents of half a pool: capped, and said so.
+    capped = plan(pool, workload, active=2, turns=12, factor=2.0)
+    assert capped.context_tokens == 350_000 and any("capped" in line for line in capped.lines)
+    assert parse_factor("auto") == 2.0 and parse_factor(None) is None and parse_factor("3") == 3.0
+    for bad in ("0.5", "x", "inf", "nan"):
+        with pytest.raises(UsageError, match="--pressure must be auto, off or a factor above 1"):
+            parse_factor(bad)
+
+
+def _run(base_url: str, out: Path, **options: object) -> None:
+    execute_run(RunOptions(base_url=base_url, out=out, timeout=300, turn_timeout=120, **options),
+                console=Console(quiet=True), live=False, report=False)
+
+
+def test_a_big_pool_is_not_exercised_and_pressure_makes_it_load_back(sim_server: Callable[..., SimHandle],
+                                                                     tmp_path: Path) -> None:
+    # A device pool that these sessions fit in: nothing is evicted, HiCache never loads back.
+    sim = sim_server("--enable-hierarchical-cache", "--time-scale", "0", "--max-total-tokens", "200000")
+    _run(sim.base_url, tmp_path / "idle", sessions=8, turns=4)
+    idle = json.loads((tmp_path / "idle" / "summary.json").read_text())
+    assert idle["exercised"]["facts"]["host_load_back_tokens"]["value"] == 0
+    assert idle["inconclusive"] and any("HiCache: on but NOT EXERCISED" in r for r in idle["inconclusive_reasons"])
+    gate = evaluate(tmp_path / "idle", max_corruption_rate=0.5, min_completed=1)
+    assert gate.exit_code == 125 and any(c.name == "exercised" and c.status == "inconclusive" for c in gate.checks)
+    # The same server, the load sized to it: the sessions' own prefixes evict one another and come back.
+    _run(sim.base_url, tmp_path / "sized", sessions=8, turns=4, pressure="auto", name="sized")
+    sized = json.loads((tmp_path / "sized" / "summary.json").read_text())
+    facts = {key: fact["value"] for key, fact in sized["exercised"]["facts"].items()}
+    assert facts["evicted_tokens"] > 0 and facts["host_load_back_tokens"] > 0
+    assert [f["status"] for f in sized["exercised"]["features"]] == ["exercised", "exercised"]
+    # The report states it, and plots the turns by prompt size and cached share, and the metrics over time.
+    render_report([tmp_path / "idle", tmp_path / "sized"], tmp_path / "report.html")
+    page = (tmp_path / "report.html").read_text(encoding="utf-8")
+    # 8 sessions are too few anyway: that is the banner's headline, the idle feature one of its lines.
+    assert "<p>Not exercised: HiCache: on but NOT EXERCISED: sglang:cached_tokens_total{cache_source=&#34;host&#34;}" in page
+    assert page.count("What the load made the server do") == 2
+    assert "<strong>exercised</strong>: HiCache: exercised: tokens loaded back from the host tier" in page
+    assert "Corruption by prompt size and by cached-token share" in page and "Server metrics: sized" in page
+
+
+def test_a_server_without_metrics_says_unknown(sim_server: Callable[..., SimHandle], tmp_path: Path) -> None:
+    sim = sim_server("--enable-hierarchical-cache", "--time-scale", "0", "--no-enable-metrics")
+    _run(sim.base_url, tmp_path / "run", sessions=4, turns=2)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert all(fact["value"] is None for fact in summary["exercised"]["facts"].values())
+    assert {f["feature"]: f["status"] for f in summary["exercised"]["features"]} == {
+        "HiCache": "unknown", "CUDA graph": "unknown"}
+    assert not any("NOT EXERCISED" in reason for reason in summary["inconclusive_reasons"])

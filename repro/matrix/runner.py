@@ -124,6 +124,7 @@ def _record_from_summary(run: PlannedRun, summary: Summary, rel: str, previous: 
         counts=dict(summary.counts),
         wedged=summary.wedged,
         run_dir=rel,
+        exercised=summary.exercised.values() if summary.exercised else {},
         **extra,
     )
 
@@ -416,8 +417,10 @@ def run_cell(
             duration_s=time.monotonic() - started,
             **base,
         )
+    exercised = result.summary.exercised
     return CellRun(
         status="finished",
+        exercised=exercised.values() if exercised else {},
         counts=dict(result.summary.counts),
         wedged=result.summary.wedged,
         run_dir=f"{CELLS}/{run.key}",

@@ -18,6 +18,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
+from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.collections import PolyCollection  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
@@ -36,8 +37,9 @@ OUTCOME_COLOURS = {
 # The race's signature is load-back traffic under load; a wedge shows as a flat transfer queue.
 PREFERRED_METRICS = (
     "num_running_reqs",
-    "num_queue_reqs",
     "load_back_tokens_total",
+    "evicted_tokens_total",
+    "num_queue_reqs",
     "num_decode_transfer_queue_reqs",
     "cache_hit_rate",
     "token_usage",
@@ -183,6 +185,54 @@ def turn_index_plot(runs: Sequence[RunView]) -> Plot | None:
     return Plot("Corruption by turn index", "Share of answered turns judged corrupt at each turn index", encode_figure(fig))
 
 
+SHARE_BINS = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
+"""Cached-token share bins: a turn served mostly from cache is where a load-back can race."""
+SIZE_BINS = 6
+
+
+def _compact(tokens: float) -> str:
+    return f"{tokens / 1000:.0f}k" if tokens >= 10_000 else f"{tokens:,.0f}"
+
+
+def _rate_bars(ax: Axes, labels: list[str], table: pd.DataFrame) -> None:
+    x = range(len(labels))
+    ax.bar(x, 100 * table["sum"] / table["count"], color=OUTCOME_COLOURS["corrupt"])
+    for xi, k, n in zip(x, table["sum"], table["count"]):
+        ax.annotate(f"{k}/{n}", (xi, 0), xytext=(0, 2), textcoords="offset points", ha="center", fontsize=7)
+    ax.set_xticks(list(x), labels, fontsize="small")
+    ax.set_ylabel("corrupt turns, % of answered")
+
+
+def turn_size_plot(runs: Sequence[RunView]) -> Plot | None:
+    """The share of answered turns judged corrupt by prompt size (quantile bins) and by cached-token share."""
+    rows = [
+        (t.prompt_tokens, (t.cached_tokens or 0) / t.prompt_tokens if t.cached_tokens is not None else None,
+         t.verdict == "corrupt")
+        for r in runs for s in r.run.sessions for t in s.turns
+        if t.status == "ok" and t.prompt_tokens
+    ]
+    if not rows:
+        return None
+    frame = pd.DataFrame(rows, columns=["prompt", "share", "corrupt"])
+    fig, (by_size, by_share) = plt.subplots(1, 2, figsize=(10, 3.2))
+    edges = sorted(set(frame["prompt"].quantile([i / SIZE_BINS for i in range(SIZE_BINS + 1)]).round().astype(int)))
+    if len(edges) > 1:
+        frame["size_bin"] = pd.cut(frame["prompt"], edges, include_lowest=True)
+        table = frame.groupby("size_bin", observed=True)["corrupt"].agg(["sum", "count"])
+        _rate_bars(by_size, [f"{_compact(b.left)}-{_compact(b.right)}" for b in table.index], table)
+    by_size.set_xlabel("prompt tokens")
+    shares = frame.dropna(subset=["share"])
+    if not shares.empty:
+        shares = shares.assign(share_bin=pd.cut(shares["share"].clip(0, 1), SHARE_BINS, include_lowest=True))
+        table = shares.groupby("share_bin", observed=True)["corrupt"].agg(["sum", "count"])
+        _rate_bars(by_share, [f"{max(0.0, b.left):.0%}-{b.right:.0%}" for b in table.index], table)
+    by_share.set_xlabel("cached share of the prompt (usage.cached_tokens)")
+    fig.tight_layout()
+    return Plot("Corruption by prompt size and by cached-token share",
+                "Share of answered turns judged corrupt per prompt-size bin and per cached-token share bin",
+                encode_figure(fig))
+
+
 def metrics_plot(run: RunView, metrics: pd.DataFrame) -> Plot | None:
     """A few sglang: series over time (t_s, metric, labels, value), one panel per metric."""
     frame = metrics[metrics["metric"].astype(str).str.startswith("sglang:")]
@@ -193,6 +243,8 @@ def metrics_plot(run: RunView, metrics: pd.DataFrame) -> Plot | None:
     chosen = [bare[m] for m in PREFERRED_METRICS if m in bare]
     chosen += [m for m in present if m not in chosen and not m.endswith(("_bucket", "_created"))]
     chosen = chosen[:MAX_METRICS]
+    # The turns judged corrupt, on the metrics' time axis (both count from the start of the load).
+    corrupt_starts = [t.start_s for s in run.run.sessions for t in s.turns if t.verdict == "corrupt"]
     fig, axes = plt.subplots(len(chosen), 1, figsize=(10, 1.9 * len(chosen)), sharex=True, squeeze=False)
     for ax, metric in zip(axes[:, 0], chosen):
         part = frame[frame["metric"] == metric]
@@ -201,5 +253,10 @@ def metrics_plot(run: RunView, metrics: pd.DataFrame) -> Plot | None:
             ax.plot(series["t_s"], series["value"], label=_short(labels) if labels else None)
         ax.set_ylabel(metric.removeprefix("sglang:"), fontsize="small")
         ax.grid(alpha=0.3)
+        for start in corrupt_starts:
+            ax.axvline(start, color=OUTCOME_COLOURS["corrupt"], alpha=0.35, linewidth=0.8)
+    if corrupt_starts:
+        axes[0, 0].legend(handles=[Line2D([0], [0], color=OUTCOME_COLOURS["corrupt"], label="corrupt turn sent")],
+                          fontsize="small", loc="upper right")
     axes[-1, 0].set_xlabel("seconds since the run started")
     return Plot(f"Server metrics: {run.name}", "Server metrics over time", encode_figure(fig))

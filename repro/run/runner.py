@@ -52,6 +52,7 @@ from repro.errors import (
 from repro.run.load import LoadProgress, run_load
 from repro.matrix.spec import STRING_OR_LIST
 from repro.run.metrics import MetricsScraper, metrics_url, server_root
+from repro.run.pressure import sized_workload
 from repro.cluster.node import where
 from repro.run.observe import ObserveMode, RawEndpoint, thinking_of
 from repro.run.rawprobe import PROBE_TIMEOUT_S, ProbeRequest, ProbeResult, probe
@@ -132,6 +133,9 @@ class RunOptions(BaseModel):
     """Judge the parsed message, the raw generated text, or both; none: both where the target shows raw text."""
     raw_endpoint: RawEndpoint | None = None
     """Take raw text from this endpoint instead of chat logprobs; none: logprobs when they cover tool calls."""
+    pressure: str | None = None
+    """`auto` or a factor: give each session a long document of its own so that the sessions running at once
+    hold this many device KV pools (auto: 2); none: the workload as it is."""
     client_parser: str = DEFAULT_PARSER
     """The server parser emulated client-side over a raw-text endpoint's text (repro.run.observe)."""
     until_decided: bool = False
@@ -654,7 +658,11 @@ def execute_run(
                 writer = start.writer = RunWriter(run_dir, secrets=secrets)
                 stack.callback(writer.close)
             transport = _ray_transport(options, base_url, stack) if options.executor == "ray" else None
-            config = _session_config(options, target, loaded.scenario, headers)
+            scenario = sized_workload(
+                loaded.scenario, pressure=options.pressure, server_info=target.server_info, base_url=target.base_url,
+                headers=headers, active=min(options.concurrency or options.sessions, options.sessions),
+                turns=options.turns or DEFAULT_TURNS, say=lambda line: say(console, line))
+            config = _session_config(options, target, scenario, headers)
             observed = _observe(options, config, base_url, headers)
             config = dataclasses.replace(config, observe=observed.plan)
             for warning in observed.warnings:

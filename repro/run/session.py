@@ -27,6 +27,7 @@ from repro.wire.client import MAX_TURN_BYTES, BodyEncoder, TurnResult, send_turn
 from repro.run.observe import Judgement, ObservePlan, RenderError, finding_records, judge, parse_text, turn_request
 from repro.wire.rawtext import RawText
 from repro.store.records import SessionRecord, TurnRecord, corrupt_seen
+from repro.workload.context import context_document
 from repro.workload.trace import Trace
 from repro.wire.transport import Endpoint, HTTPClient
 from repro.workload.scenario import Workload
@@ -77,8 +78,11 @@ class SessionConfig:
         if isinstance(workload, Trace):
             conversation = workload.conversation(session_id)
             return [message.sent() for message in conversation.messages[: conversation.turn_positions()[0]]]
+        context = ([{"role": "user", "content": context_document(session_id, self.seed, workload.context_tokens)}]
+                   if workload.context_tokens else [])
         return [
             {"role": "system", "content": workload.system_prompt},
+            *context,
             {"role": "user", "content": workload.task_for(session_id, self.seed)},
         ]
 

@@ -15,7 +15,7 @@ import json
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping
 
 from repro.store.records import Exercise, ExerciseFact, ExerciseStatus, FeatureExercise
 
@@ -236,6 +236,3 @@ def idle_reasons(exercise: Exercise | None) -> list[str]:
     """One reason per feature that was on and never acted, naming the metric that shows it."""
     return [f.line for f in (exercise.idle() if exercise is not None else ())]
 
-
-def by_name(features: Sequence[FeatureExercise]) -> dict[str, FeatureExercise]:
-    return {f.feature: f for f in features}

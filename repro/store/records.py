@@ -357,6 +357,10 @@ class Exercise(_Record):
     features: list[FeatureExercise] = Field(default_factory=list)
     """The features `/server_info` shows on; empty when the target serves no `/server_info`."""
 
+    def values(self) -> dict[str, float | None]:
+        """Fact -> value (None: unknown)."""
+        return {key: fact.value for key, fact in self.facts.items()}
+
     def idle(self) -> list[FeatureExercise]:
         """The features that were on and never acted."""
         return [f for f in self.features if f.status == "not exercised"]
