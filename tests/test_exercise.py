@@ -6,6 +6,7 @@ The scrapes are Prometheus expositions as SGLang and vLLM write them, parsed by 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Callable
 
@@ -227,3 +228,25 @@ def test_a_server_without_metrics_says_unknown(sim_server: Callable[..., SimHand
     assert {f["feature"]: f["status"] for f in summary["exercised"]["features"]} == {
         "HiCache": "unknown", "CUDA graph": "unknown"}
     assert not any("NOT EXERCISED" in reason for reason in summary["inconclusive_reasons"])
+
+
+def test_exercise_conditions_parse_and_evaluate_on_the_scrapes() -> None:
+    from repro.store.conditions import ConditionError, evaluate as holds, parse
+    from repro.store.exercise import Scrapes
+
+    scraped = Scrapes(scrapes(sglang(100, 10, None, 0, 5), sglang(900, 300, 256, 512, 9)))
+    assert holds(parse("host_load_back_tokens > 0"), scraped).held
+    outcome = holds(parse('delta(sglang:cached_tokens_total{cache_source="host"}) >= 300'), scraped)
+    assert not outcome.held and outcome.value == 256
+    assert outcome.line() == ('delta(sglang:cached_tokens_total{cache_source="host"}) >= 300 does not hold '
+                              '(delta(sglang:cached_tokens_total{cache_source="host"}) = 256)')
+    # A labelled series never incremented is 0; a metric name never exported is an error.
+    assert holds(parse('delta(sglang:cached_tokens_total{cache_source="storage"}) == 0'), scraped).held
+    assert holds(parse("peak(sglang:evicted_tokens_total) == 512"), scraped).held
+    for text, message in (("delta(sglang:nope_total) > 0", "exports no metric 'sglang:nope_total'"),
+                          ("pd_transfer_mb > 0", "exports no sglang:kv_transfer_total_mb")):
+        with pytest.raises(ConditionError, match=re.escape(message)):
+            holds(parse(text), scraped)
+    for bad in ("host_load_back_tokens", "loadbacks > 0", "delta(x{a=1}) > 0", "host_load_back_tokens > zero"):
+        with pytest.raises(ConditionError):
+            parse(bad)
