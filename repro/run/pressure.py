@@ -130,11 +130,15 @@ def plan(capacity: Capacity, workload: Workload, *, active: int, turns: int, fac
         wanted = math.ceil(factor * pool / active) - base
         limit = min(pool // 2, (capacity.context_length or pool) - base - HEADROOM_TOKENS)
         document = max(0, min(wanted, limit))
-        lines.append(
-            f"pressure: {active} sessions at once, each about {base:,} tokens after {turns} turns; each opens with "
-            f"its own {document:,}-token document so that together they hold about {factor:g}x the device pool: "
-            "their prefixes evict one another, and every later turn resends its own prefix byte for byte, "
-            "which must then come back from the host tier (or be computed again)")
+        if wanted <= 0:
+            lines.append(f"pressure: {active} sessions at once, each about {base:,} tokens after {turns} turns, already "
+                         f"hold about {active * base / pool:.1f}x the device pool: no document added")
+        else:
+            lines.append(
+                f"pressure: {active} sessions at once, each about {base:,} tokens after {turns} turns; each opens "
+                f"with its own {document:,}-token document so that together they hold about {factor:g}x the device "
+                "pool: their prefixes evict one another, and every later turn resends its own prefix byte for byte, "
+                "which must then come back from the host tier (or be computed again)")
         if document < wanted:
             lines.append(f"pressure: the document is capped at {document:,} tokens (half the pool, or the context "
                          f"length less the session's growth); {wanted:,} were wanted")
