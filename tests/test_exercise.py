@@ -164,6 +164,9 @@ def test_capacity_from_sglang_server_info_and_vllm_cache_config() -> None:
     assert from_server_info(info) == Capacity(700_000, "/server_info max_total_tokens", 256, 1_400_000)
     assert from_server_info({**info, "enable_hierarchical_cache": False}).host_tokens is None
     assert from_server_info({"version": "x"}) is None and from_server_info(None) is None
+    # The scheduler's own count wins over the --max-total-tokens cap (often unset).
+    real = {"max_total_tokens": None, "internal_states": [{"max_total_num_tokens": 812_544}], "page_size": 256}
+    assert from_server_info(real) == Capacity(812_544, "/server_info max_total_num_tokens", 256)
     text = ('# TYPE vllm:cache_config_info gauge\n'
             'vllm:cache_config_info{block_size="16",cache_dtype="auto",enable_prefix_caching="True",'
             'engine="0",num_gpu_blocks="40000"} 1.0\n')

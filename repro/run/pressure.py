@@ -54,19 +54,31 @@ def _positive(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 else None
 
 
+def _pool(info: Mapping[str, Any]) -> tuple[float, str] | None:
+    """The device pool: the scheduler's own count (`max_total_num_tokens`, at the top or in its first
+    `internal_states`) before the `--max-total-tokens` argument, which is only a cap and often unset."""
+    states = info.get("internal_states")
+    first = states[0] if isinstance(states, list) and states and isinstance(states[0], Mapping) else {}
+    for where, key in ((info, "max_total_num_tokens"), (first, "max_total_num_tokens"), (info, "max_total_tokens")):
+        value = _positive(where.get(key))
+        if value is not None:
+            return value, f"/server_info {key}"
+    return None
+
+
 def from_server_info(info: Mapping[str, Any] | None) -> Capacity | None:
-    """SGLang: `max_total_tokens` (the device pool), `page_size`, and `hicache_ratio` when HiCache is on."""
-    if not info:
+    """SGLang: the device pool, `page_size`, and `hicache_ratio` when HiCache is on."""
+    pool = _pool(info) if info else None
+    if pool is None:
         return None
-    total = _positive(info.get("max_total_tokens")) or _positive(info.get("max_total_num_tokens"))
-    if total is None:
-        return None
+    assert info is not None
+    total, source = pool
     ratio = _positive(info.get("hicache_ratio")) if info.get("enable_hierarchical_cache") is True else None
     # --hicache-size (GB) overrides the ratio; its size in tokens depends on the model's bytes per token.
     by_size = _positive(info.get("hicache_size")) is not None
     page = _positive(info.get("page_size"))
     context = _positive(info.get("context_length"))
-    return Capacity(device_tokens=int(total), source="/server_info max_total_tokens",
+    return Capacity(device_tokens=int(total), source=source,
                     page_size=int(page) if page else None,
                     host_tokens=int(total * ratio) if ratio and not by_size else None,
                     context_length=int(context) if context else None)
