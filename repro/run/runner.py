@@ -52,7 +52,7 @@ from repro.errors import (
 from repro.run.load import LoadProgress, run_load
 from repro.matrix.spec import STRING_OR_LIST
 from repro.run.metrics import MetricsScraper, metrics_url, server_root
-from repro.run.pressure import sized_workload
+from repro.run.pressure import parse_factor, sized_workload
 from repro.cluster.node import where
 from repro.run.observe import ObserveMode, RawEndpoint, thinking_of
 from repro.run.rawprobe import PROBE_TIMEOUT_S, ProbeRequest, ProbeResult, probe
@@ -241,6 +241,15 @@ class RunOptions(BaseModel):
     def _variable_name(cls, value: str | None) -> str | None:
         if value is not None and not value.replace("_", "a").isalnum():
             raise ValueError("must be the name of an environment variable, not the key itself")
+        return value
+
+    @field_validator("pressure")
+    @classmethod
+    def _pressure(cls, value: str | None) -> str | None:
+        try:
+            parse_factor(value)
+        except UsageError as err:
+            raise ValueError(str(err).removeprefix("--pressure ")) from None
         return value
 
     @model_validator(mode="after")
