@@ -160,6 +160,9 @@ def run_command(
     worker_resources: str | None = typer.Option(
         None, "--worker-resources", help='With --executor ray: Ray resources per worker, {"CPU": 1} (default) or a list, one per worker.'
     ),
+    pressure: str | None = typer.Option(
+        None, "--pressure", help="auto (or a factor): size each session's own prefix so the sessions at once hold 2 (or FACTOR) device KV pools: evictions and host-tier load-backs."
+    ),
     config: Path | None = typer.Option(None, "--config", help="YAML file of these options; the command line wins."),
     report: bool = typer.Option(True, "--report/--no-report", help="Render report.html (default: yes; `repro report` renders it later)."),
 ) -> None:

@@ -20,6 +20,7 @@ from repro.run.finish import RunResult
 from repro.run.runner import execute_run
 from repro.run.options import RunOptions
 from repro.store.records import (
+    Exercise,
     FindingRecord,
     Manifest,
     RateEstimate,
@@ -59,6 +60,7 @@ def make_run(
     metrics: str | None = None,
     summary: bool = True,
     task: str = "weather",
+    exercised: Exercise | None = None,
 ) -> Path:
     """Write a run directory with the given outcome counts; corrupt sessions carry `leak` in turn 1's content."""
     writer = RunWriter(path)
@@ -118,6 +120,7 @@ def make_run(
             corruption_rate=RateEstimate(k=corrupt, n=n, estimate=corrupt / n if n else None, ci_low=0.0,
                                          ci_high=1.0, method="clopper-pearson"),
             duration_s=0.5 * len(outcomes) + 3.0,
+            exercised=exercised,
         ))
     writer.close()
     if metrics is not None:

@@ -17,6 +17,7 @@ from repro.errors import TargetError
 from repro.matrix.analysis import CellRun
 from repro.matrix.deploy import CellDeployment, describe, resolve
 from repro.matrix.design import PlannedRun
+from repro.matrix.exercise import not_exercised
 from repro.matrix.spec import AUTO, MatrixSpec
 from repro.procs.process import PortTakenError, one_line
 from repro.run.options import RunOptions
@@ -100,8 +101,22 @@ def run_cell(
         )
     if result.summary.interrupted:
         raise KeyboardInterrupt
+    idle = not_exercised(spec, run.cell.as_dict(), result.path, confirmation.server_info)
+    if idle is not None:
+        # Its clean sessions say nothing about a level that never acted: named, left out, rerun by --resume.
+        aside = move_aside(path / CELLS / run.key)
+        return CellRun(
+            status="failed",
+            message=f"not exercised: {idle}",
+            run_dir=aside.relative_to(path).as_posix(),
+            notes=notes,
+            duration_s=time.monotonic() - started,
+            **base,
+        )
+    exercised = result.summary.exercised
     return CellRun(
         status="finished",
+        exercised=exercised.values() if exercised else {},
         counts=dict(result.summary.counts),
         wedged=result.summary.wedged,
         run_dir=f"{CELLS}/{run.key}",

@@ -103,6 +103,7 @@ def _record_from_summary(run: PlannedRun, summary: Summary, rel: str, previous: 
         counts=dict(summary.counts),
         wedged=summary.wedged,
         run_dir=rel,
+        exercised=summary.exercised.values() if summary.exercised else {},
         **extra,
     )
 

@@ -35,6 +35,7 @@ from repro.errors import (
 )
 from repro.run.options import STRING_OR_LIST, RunOptions
 from repro.procs.logcap import DEFAULT_MAX_BYTES
+from repro.store.conditions import ConditionError, validate
 
 BUILTIN_VARIABLES = ("python", "flags", "cell", "replicate", "run_seed", "log_dir")
 """Set by the harness per cell: the Python running repro, the cell's shell-quoted flags, the cell name,
@@ -89,8 +90,19 @@ class Level(_Model):
     """The processes this level's flags, env and command apply to; default every feature process."""
     confirm: dict[str, Any] = Field(default_factory=dict)
     """Keys `/server_info` must show on every process this level applies to (dotted paths allowed)."""
+    exercise: Annotated[list[str], WithJsonSchema(STRING_OR_LIST)] = Field(default_factory=list)
+    """Conditions on the cell's metrics that show the level acted, e.g. `host_load_back_tokens > 0` or
+    `delta(sglang:evicted_tokens_total) > 0`; a cell where one does not hold is left out of the analysis."""
 
     _split = field_validator("flags", mode="before")(_split_flags)
+
+    @field_validator("exercise", mode="before")
+    @classmethod
+    def _conditions(cls, value: Any) -> list[str]:
+        try:
+            return validate(value)
+        except ConditionError as err:
+            raise ValueError(str(err)) from None
 
 
 class Factor(_Model):

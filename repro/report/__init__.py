@@ -45,6 +45,7 @@ def _plots(model: ReportModel) -> list[Plot]:
         drawn = [plots.outcomes_plot(model.runs), plots.latency_plot(model.runs)]
         drawn += [plots.timeline_plot(run) for run in model.runs]
         drawn.append(plots.turn_index_plot(model.runs))
+        drawn.append(plots.turn_size_plot(model.runs))
         drawn += [plots.metrics_plot(run, run.metrics) for run in model.runs if run.metrics is not None]
     return [p for p in drawn if p is not None]
 

@@ -121,7 +121,8 @@ async def drive(
         anyio.create_task_group() as group,
     ):
         scraper = MetricsScraper(side_client, metrics_url(base_url), writer.path / METRICS)
-        group.start_soon(scraper.run, origin)
+        if await scraper.scrape_once(origin):  # no metrics at the first scrape: none are looked for again
+            group.start_soon(scraper.follow, origin)
         group.start_soon(show_progress, progress, console, live)
 
         kind = ReplaySession if isinstance(config.workload, Trace) else Session
@@ -181,8 +182,9 @@ async def drive(
         interrupted = interrupted or (halt.is_set() and not decided)
         group.cancel_scope.cancel()
         if not interrupted:
-            # The counters as the run ends, whatever the scrape interval left out.
-            await scraper.scrape_once(origin)
+            # The counters as the run ends, whatever the scrape interval left out (shielded: the group is cancelled).
+            with anyio.CancelScope(shield=True):
+                await scraper.scrape_once(origin)
     return Driven(records, interrupted or bool(lost), lag, duration, worker_lag, lost, looks if rule is not None else None)
 
 

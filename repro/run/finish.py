@@ -25,7 +25,8 @@ from repro.run.options import RunOptions
 from repro.run.plan import utc_now
 from repro.run.stopping import BaselineRule, StoppingRule, stopping_record
 from repro.store.records import Manifest, Summary
-from repro.store.rundir import REPORT, RunWriter
+from repro.store.exercise import assess, read_samples
+from repro.store.rundir import METRICS, REPORT, RunWriter
 
 
 @dataclass(frozen=True)
@@ -64,11 +65,12 @@ def finish(
         ]})
     else:
         stop_reason = None
+    exercised = assess(read_samples(run_dir / METRICS), manifest.server_info)
     summary = summarize(
         records, loop_lag_s=lag, worker_loop_lag_s=driven.worker_lag, duration_s=duration, interrupted=interrupted,
         lost=writer.lost,
         stop_reason=f"the run stopped early: cannot write ({full.strerror or full})" if full is not None else stop_reason,
-        observe=observe.get("mode"), raw_source=observe.get("raw_source"),
+        observe=observe.get("mode"), raw_source=observe.get("raw_source"), exercised=exercised,
     )
     stopped = None
     if rule is not None and driven.looks is not None:

@@ -209,6 +209,21 @@ def _baseline(counts: OutcomeCounts, base: Run, *, confidence: float) -> GateChe
                      numbers)
 
 
+def _exercised(run: Run) -> GateCheck | None:
+    """Did the load make every feature the server had on act? A feature that never did makes a clean rate
+    meaningless for it: inconclusive, naming the feature and the metric. None for runs that recorded nothing."""
+    exercise = run.summary.exercised if run.summary is not None else None
+    if exercise is None or not exercise.features:
+        return None
+    idle = exercise.idle()
+    numbers = {f.feature: {"status": f.status, "metric": f.metric, "value": exercise.facts[f.fact].value}
+               for f in exercise.features}
+    if idle:
+        return GateCheck("exercised", "inconclusive", "exercised: INCONCLUSIVE: " + "; ".join(f.line for f in idle),
+                         numbers)
+    return GateCheck("exercised", "pass", "exercised: ok: " + "; ".join(f.line for f in exercise.features), numbers)
+
+
 def evaluate(
     run_dir: Run | Path | str,
     *,
@@ -245,6 +260,9 @@ def evaluate(
         _sequential_rate(run, limit=max_corruption_rate, confidence=confidence, min_completed=min_completed)
         if sequential else _rate(counts, limit=max_corruption_rate, confidence=confidence),
     ]
+    exercised = _exercised(run)
+    if exercised is not None:
+        checks.insert(2, exercised)
     if base is not None:
         stop = run.summary.stopping if run.summary is not None else None
         checks.append(_sequential_baseline(run, base, confidence=confidence) if stop is not None and stop.baseline

@@ -26,6 +26,7 @@ from dsml_checker.server_parsers import DEFAULT_PARSER, PARSERS
 from repro.cluster.rayutil import Executor, is_amount
 from repro.errors import UsageError, describe_validation_error, load_yaml, read_text
 from repro.run.observe import ObserveMode, RawEndpoint
+from repro.run.pressure import parse_factor
 from repro.untrusted import NestingError, json_depth, parse_json
 from repro.wire.client import MAX_TURN_BYTES
 from repro.wire.transport import Endpoint
@@ -89,6 +90,9 @@ class RunOptions(BaseModel):
     """Judge the parsed message, the raw generated text, or both; none: both where the target shows raw text."""
     raw_endpoint: RawEndpoint | None = None
     """Take raw text from this endpoint instead of chat logprobs; none: logprobs when they cover tool calls."""
+    pressure: str | None = None
+    """`auto` or a factor: give each session a long document of its own so that the sessions running at once
+    hold this many device KV pools (auto: 2); none: the workload as it is."""
     client_parser: str = DEFAULT_PARSER
     """The server parser emulated client-side over a raw-text endpoint's text (repro.run.observe)."""
     until_decided: bool = False
@@ -117,6 +121,15 @@ class RunOptions(BaseModel):
     def _known_parser(cls, value: str) -> str:
         if value not in PARSERS:
             raise ValueError(f"unknown parser {value!r}; expected one of {', '.join(PARSERS)}")
+        return value
+
+    @field_validator("pressure")
+    @classmethod
+    def _pressure(cls, value: str | None) -> str | None:
+        try:
+            parse_factor(value)
+        except UsageError as err:
+            raise ValueError(str(err).removeprefix("--pressure ")) from None
         return value
 
     @field_validator("base_url")

@@ -21,7 +21,8 @@ from repro.procs.limits import ensure_open_files
 from repro.run.display import say
 from repro.run.drive import Halting, drive, ray_transport
 from repro.run.finish import RunResult, finish
-from repro.run.options import RunOptions
+from repro.run.options import DEFAULT_TURNS, RunOptions
+from repro.run.pressure import sized_workload
 from repro.run.plan import manifest, observe_plan, session_config
 from repro.run.stopping import rule_for
 from repro.run.target import auth_headers, reach
@@ -62,7 +63,11 @@ def execute_run(
             if options.base_url is not None:
                 writer = start.open_writer(stack, secrets)
             transport = ray_transport(options, target.base_url, stack) if options.executor == "ray" else None
-            config = session_config(options, target, loaded.scenario, headers)
+            scenario = sized_workload(
+                loaded.scenario, pressure=options.pressure, server_info=target.server_info, base_url=target.base_url,
+                headers=headers, active=min(options.concurrency or options.sessions, options.sessions),
+                turns=options.turns or DEFAULT_TURNS, say=lambda line: say(console, line))
+            config = session_config(options, target, scenario, headers)
             observed = observe_plan(options, config, target.base_url, headers)
             config = dataclasses.replace(config, observe=observed.plan)
             for warning in observed.warnings:

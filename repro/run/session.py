@@ -35,6 +35,7 @@ from repro.run.observe import (
 from repro.store.records import SessionRecord, TurnRecord, corrupt_seen
 from repro.wire.client import MAX_TURN_BYTES, BodyEncoder, TurnResult, send_turn
 from repro.wire.rawtext import RawText
+from repro.workload.context import context_document
 from repro.wire.transport import Endpoint, HTTPClient
 from repro.workload import sandbox
 from repro.workload.scenario import Workload
@@ -88,8 +89,11 @@ class SessionConfig:
         if isinstance(workload, Trace):
             conversation = workload.conversation(session_id)
             return [message.sent() for message in conversation.messages[: conversation.turn_positions()[0]]]
+        context = ([{"role": "user", "content": context_document(session_id, self.seed, workload.context_tokens)}]
+                   if workload.context_tokens else [])
         return [
             {"role": "system", "content": workload.system_prompt},
+            *context,
             {"role": "user", "content": workload.task_for(session_id, self.seed)},
         ]
 

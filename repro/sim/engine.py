@@ -212,8 +212,10 @@ class Counters:
     load_back_tokens: int = 0
     requests: int = 0
     aborted: int = 0
-    cuda_graph_passes: int = 0
+    decode_passes: int = 0
     transfer_failed: int = 0
+    last_transfer_mb: float = 0.0
+    """PD: the KV of the latest completed transfer, as SGLang's kv_transfer_total_mb gauge shows it."""
 
 
 class Engine:
@@ -367,6 +369,7 @@ class Engine:
         # A claimed slot is the decode side's handshake: the prefill side may now schedule the request.
         self.waiting.extend(claimed)
         for request in transferred:
+            self.counters.last_transfer_mb = self._kv_bytes(request) / 1e6
             self.running.append(request)
             self._emit(request, 1)
         for request in failed:
@@ -384,9 +387,11 @@ class Engine:
         request.finished = True
         request.changed.set()
 
+    def _kv_bytes(self, request: EngineRequest) -> float:
+        return request.prompt_tokens * self.costs.layers * (self.costs.main_kv_bytes + self.index_k_bytes)
+
     def _kv_transfer_s(self, request: EngineRequest) -> float:
-        per_token = self.costs.layers * (self.costs.main_kv_bytes + self.index_k_bytes)
-        return request.prompt_tokens * per_token / self.costs.kv_transfer_bytes_per_s
+        return self._kv_bytes(request) / self.costs.kv_transfer_bytes_per_s
 
     def _free_pages(self) -> int:
         return self.cache.device_capacity - len(self.cache.device) - self.reserved_pages
@@ -483,8 +488,7 @@ class Engine:
     def _decode(self) -> float:
         costs = self.costs
         base = costs.decode_base_s * (costs.no_cuda_graph_factor if self.config.disable_cuda_graph else 1.0)
-        if not self.config.disable_cuda_graph:
-            self.counters.cuda_graph_passes += 1
+        self.counters.decode_passes += 1
         per_token = base + costs.decode_per_request_s * len(self.running)
         gap = costs.schedule_gap_s if self.config.disable_overlap_schedule else 0.0
         for request in list(self.running):

@@ -250,6 +250,8 @@ def create_app(config: SimConfig) -> Starlette:
         return Response("Cache flushed.\n", status_code=200)
 
     async def metrics(request: Request) -> Response:
+        if not sim.config.enable_metrics:  # SGLang serves /metrics only with --enable-metrics
+            return JSONResponse({"detail": "Not Found"}, status_code=404)
         return Response(sim.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     async def faults(request: Request) -> Response:

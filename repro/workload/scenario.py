@@ -99,6 +99,9 @@ class Workload(_Strict):
     """Sent as the request's `temperature`."""
     sandbox: SandboxSizes = Field(default_factory=SandboxSizes)
     """How big the tool results are."""
+    context_tokens: int = Field(default=0, ge=0, le=10_000_000)
+    """About this many tokens of a project document, unique to each session, open its conversation (a user
+    message before the task): each session's own long prefix. `repro run --pressure` sizes it to the server."""
 
     @field_validator("tools")
     @classmethod
