@@ -17,7 +17,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from repro.matrix.design import Cell
-from repro.matrix.exercise import judge_exercise
+from repro.matrix.exercise import idle_levels
 from repro.matrix.spec import MatrixSpec
 from repro.store.records import OUTCOMES, OutcomeCounts
 from repro.stats import (
@@ -609,6 +609,16 @@ def _judge_widening(spec: MatrixSpec, totals: dict, candidates: list[Effect], ca
         }
 
 
+def _judge_exercise(spec: MatrixSpec, runs: list[CellRun], effects: list[Effect]) -> None:
+    """A "no detectable effect" of a level that never acted becomes "not exercised", with the reason."""
+    idle = idle_levels(spec, runs)
+    for effect in effects:
+        why = idle.get((effect.factor, effect.level))
+        if why is not None and effect.verdict in ("no detectable effect", "inconclusive"):
+            effect.verdict = "not exercised"
+            effect.reasons.append(why)
+
+
 def _judge_secondary(spec: MatrixSpec, effects: list[Effect]) -> None:
     for effect, adjusted in zip(effects, _adjust([e.p for e in effects], spec.design.correction)):
         effect.p_adjusted = adjusted
@@ -730,7 +740,7 @@ def analyse(
     comparisons = _comparisons(spec, baseline) if totals else []
     factors = [_effect(spec, totals, c, "corruption", main_fit) for c in comparisons]
     _judge_corruption(spec, totals, factors)
-    judge_exercise(spec, runs, factors)
+    _judge_exercise(spec, runs, factors)
     timeouts = [_effect(spec, totals, c, "timeout", None) for c in comparisons]
     wedges = [_effect(spec, totals, c, "wedge", None) for c in comparisons]
     _judge_secondary(spec, timeouts)

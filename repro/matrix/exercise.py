@@ -15,7 +15,7 @@ load-backs, so a "no detectable effect" of a level that never saw one becomes "n
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from repro.errors import UsageError
 from repro.matrix.spec import Level, MatrixSpec
@@ -23,8 +23,14 @@ from repro.store.conditions import ConditionError, evaluate, parse
 from repro.store.exercise import FACT_WORDS, Scrapes, assess, read_samples
 from repro.store.rundir import METRICS
 
-if TYPE_CHECKING:
-    from repro.matrix.analysis import CellRun, Effect
+
+
+class RunFacts(Protocol):
+    """What `idle_levels` reads of a cell's run (matrix.analysis.CellRun has it)."""
+
+    status: str
+    cell: dict[str, str]
+    exercised: dict[str, float | None]
 
 
 def not_exercised(spec: MatrixSpec, cell: Mapping[str, str], run_dir: Path,
@@ -64,7 +70,7 @@ def level_fact(level: Level) -> str | None:
     return next((fact for key, is_on, fact in LEVEL_FACTS if key in confirmed and is_on(confirmed[key])), None)
 
 
-def idle_levels(spec: MatrixSpec, runs: list[CellRun]) -> dict[tuple[str, str], str]:
+def idle_levels(spec: MatrixSpec, runs: Sequence[RunFacts]) -> dict[tuple[str, str], str]:
     """(factor, level) -> why it never acted: its fact was known and 0 in every finished run at that level."""
     idle: dict[tuple[str, str], str] = {}
     for name, factor in spec.factors.items():
@@ -78,12 +84,3 @@ def idle_levels(spec: MatrixSpec, runs: list[CellRun]) -> dict[tuple[str, str], 
                                             f"{factor.label or name} {level_name}")
     return idle
 
-
-def judge_exercise(spec: MatrixSpec, runs: list[CellRun], effects: list[Effect]) -> None:
-    """A "no detectable effect" of a level that never acted becomes "not exercised", with the reason."""
-    idle = idle_levels(spec, runs)
-    for effect in effects:
-        why = idle.get((effect.factor, effect.level))
-        if why is not None and effect.verdict in ("no detectable effect", "inconclusive"):
-            effect.verdict = "not exercised"
-            effect.reasons.append(why)
