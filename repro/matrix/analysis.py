@@ -7,19 +7,15 @@ Pure functions over the per-run records of progress.jsonl; nothing here does I/O
 
 from __future__ import annotations
 
-import itertools
-import math
-import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Literal
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from repro.matrix.design import Cell
 from repro.matrix.exercise import idle_levels
+from repro.matrix.firth import FirthTerm, column_name, finite, firth
 from repro.matrix.spec import MatrixSpec
-from repro.store.records import OUTCOMES, OutcomeCounts
 from repro.stats import (
     assess_inconclusive,
     benjamini_hochberg,
@@ -29,6 +25,7 @@ from repro.stats import (
     power_two_proportions,
     stratified_exact_test,
 )
+from repro.store.records import OUTCOMES, OutcomeCounts
 
 Verdict = Literal["causes", "widens", "reduces", "no detectable effect", "inconclusive", "not exercised"]
 """`widens`: an effect only where a causing factor is on (bf16 index-K widening HiCache's race)."""
@@ -256,17 +253,12 @@ def _strata(
     return tables, treated, reference
 
 
-def _finite(p: float | None) -> float | None:
-    """A p-value that can enter a verdict: None for NaN or one outside [0, 1] (a test that could not be computed)."""
-    return p if p is not None and math.isfinite(p) and 0.0 <= p <= 1.0 else None
-
-
 def _stratified_p(tables: list[Table]) -> float | None:
     if not tables:
         return None
     if sum(t[0] + t[2] for t in tables) == 0:
         return 1.0
-    return _finite(float(stratified_exact_test(tables).p_value))
+    return finite(float(stratified_exact_test(tables).p_value))
 
 
 def _adjust(pvalues: list[float | None], correction: str) -> list[float | None]:
@@ -281,107 +273,6 @@ def _adjust(pvalues: list[float | None], correction: str) -> list[float | None]:
         adjusted = present
     it = iter(adjusted)
     return [next(it) if p is not None else None for p in pvalues]
-
-
-def _term(factor: str, level: str) -> str:
-    return f"{factor}={level}"
-
-
-def _design_columns(
-    spec: MatrixSpec, baseline: dict[str, str], interactions: bool
-) -> list[tuple[str, Callable[[dict[str, str]], float]]]:
-    mains = [
-        (_term(f, lv), (lambda levels, f=f, lv=lv: float(levels[f] == lv)))
-        for f, factor in spec.factors.items()
-        for lv in factor.levels
-        if lv != baseline[f]
-    ]
-    columns = list(mains)
-    if interactions:
-        for (a, fa), (b, fb) in itertools.combinations(mains, 2):
-            if a.split("=")[0] != b.split("=")[0]:
-                columns.append((f"{a}×{b}", (lambda levels, fa=fa, fb=fb: fa(levels) * fb(levels))))
-    return columns
-
-
-@dataclass(frozen=True)
-class FirthTerm:
-    """One coefficient of the Firth fit; `p` is None, with the `reason` in words, when it could not be estimated."""
-
-    coef: float | None
-    low: float | None
-    high: float | None
-    p: float | None
-    reason: str | None = None
-
-
-def _firth_term(coef: float, low: float, high: float, p: float, converged: bool, iterations: int) -> FirthTerm:
-    if not converged:
-        return FirthTerm(None, None, None, None, f"the Firth fit did not converge in {iterations} iterations")
-    values = [v if math.isfinite(v) else None for v in (coef, low, high)]
-    if values[0] is None or _finite(p) is None:
-        # Penalised fits stay finite under plain separation; a NaN here means the likelihood is flat along
-        # this term's direction: the events sit exactly where it and other terms are set together.
-        return FirthTerm(
-            None, None, None, None,
-            "the Firth fit could not estimate this term (its likelihood-ratio test is undefined: the corruption "
-            "is separated by the cells where this term is set, so the data cannot tell it from the terms it is made of)",
-        )
-    return FirthTerm(values[0], values[1], values[2], p)
-
-
-def firth(
-    spec: MatrixSpec, totals: dict[tuple[tuple[str, str], ...], OutcomeCounts], baseline: dict[str, str], interactions: bool
-) -> dict[str, FirthTerm] | None:
-    """Firth-penalised logistic regression of corruption (per completed session) on treatment-coded
-    factor levels, and their pairwise products when `interactions`; None when the cells run cannot
-    separate the terms (a half fraction aliases some interactions) or there is nothing to fit."""
-    from firthmodels import FirthLogisticRegression  # slow to import (numba, sklearn): only when fitting
-
-    columns = _design_columns(spec, baseline, interactions)
-    cells = [(dict(key), c) for key, c in totals.items() if c.completed > 0]
-    if not cells or not columns:
-        return None
-    design = np.array([[fn(levels) for _, fn in columns] for levels, _ in cells])
-    with_intercept = np.column_stack([design, np.ones(len(cells))])
-    if np.linalg.matrix_rank(with_intercept) < with_intercept.shape[1]:
-        return None
-    events = sum(c.corrupt for _, c in cells)
-    if events == 0 or events == sum(c.completed for _, c in cells):
-        return None
-    x = np.repeat(design, 2, axis=0)
-    y = np.tile([1, 0], len(cells))
-    weights = np.array([w for _, c in cells for w in (c.corrupt, c.clean)], dtype=float)
-    max_iter = 100
-    pvalues = np.full(len(columns), np.nan)
-    intervals = np.full((len(columns), 2), np.nan)
-    with warnings.catch_warnings(), np.errstate(all="ignore"):
-        warnings.simplefilter("ignore")
-        # The refits behind the likelihood-ratio tests and profile intervals constrain one term at a time;
-        # near separation the constrained design goes singular and the library raises rather than
-        # returning NaN. What could not be computed stays NaN and is reported as not estimable.
-        try:
-            model = FirthLogisticRegression(backend="numpy", max_iter=max_iter).fit(x, y, sample_weight=weights)
-        except np.linalg.LinAlgError as exc:
-            return {name: FirthTerm(None, None, None, None, f"the Firth fit failed: {exc}") for name, _ in columns}
-        converged = bool(getattr(model, "converged_", True))
-        if converged:
-            for i in range(len(columns)):
-                try:
-                    model.lrt(i)
-                    pvalues[i] = model.lrt_pvalues_[i]
-                except np.linalg.LinAlgError:
-                    pass
-                try:
-                    intervals[i] = model.conf_int(method="pl", features=i)[i]
-                except np.linalg.LinAlgError:
-                    pass
-    return {
-        name: _firth_term(
-            float(model.coef_[i]), float(intervals[i][0]), float(intervals[i][1]), float(pvalues[i]), converged, max_iter
-        )
-        for i, (name, _) in enumerate(columns)
-    }
 
 
 def _comparisons(spec: MatrixSpec, baseline: dict[str, str]) -> list[tuple[str, str, str]]:
@@ -404,7 +295,7 @@ def _effect(
     tables, treated, reference = _strata(totals, factor, level, base, EVENTS[outcome], where)
     p = _stratified_p(tables)
     test = "stratified exact"
-    term = _term(factor, level)
+    term = column_name(factor, level)
     firth_term = fitted.get(term) if fitted else None
     if firth_term is not None and firth_term.p is None:
         firth_term = None  # nothing to report from the regression; the exact test stands alone
