@@ -17,7 +17,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from repro.matrix.design import Cell
-from repro.matrix.spec import MatrixSpec
+from repro.matrix.spec import MatrixSpec, confirmed_value
 from repro.store.records import OUTCOMES, OutcomeCounts
 from repro.stats import (
     assess_inconclusive,
@@ -196,7 +196,7 @@ def _confirmed(run: CellRun) -> dict[str, dict[str, Any]]:
     for process in run.launch.get("processes", []):
         info = infos.get(process["name"])
         if info is not None and process.get("expect"):
-            found[process["name"]] = {key: info.get(key) for key in process["expect"]}
+            found[process["name"]] = {key: confirmed_value(info, key)[1] for key in process["expect"]}
     return found
 
 
