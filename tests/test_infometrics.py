@@ -8,6 +8,7 @@ from typing import Iterator
 
 import pytest
 
+from repro.matrix.analysis import CellRun, _confirmed
 from repro.matrix.deploy import fetch_server_info, mismatches
 from repro.matrix.infometrics import info_from_metrics
 
@@ -64,3 +65,13 @@ def test_a_metrics_info_url_is_read_as_the_servers_configuration(metrics_server:
     info = fetch_server_info(f"{metrics_server}/metrics")
     assert info is not None and info["vllm:cache_config_info"]["enable_prefix_caching"] is False
     assert fetch_server_info(f"{metrics_server}/server_info") == {}
+
+
+def test_the_matrix_records_the_confirmed_value_at_its_dotted_path() -> None:
+    info = info_from_metrics(VLLM_METRICS)
+    key = "vllm:cache_config_info.enable_prefix_caching"
+    run = CellRun(
+        key="c-r1", cell={"prefix_caching": "off"}, replicate=1, order=0, status="finished",
+        server_info={"server": info}, launch={"processes": [{"name": "server", "expect": {key: False}}]},
+    )
+    assert _confirmed(run) == {"server": {key: False}}

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from repro.matrix.design import Cell
 from repro.matrix.exercise import idle_levels
 from repro.matrix.firth import FirthTerm, column_name, finite, firth
-from repro.matrix.spec import MatrixSpec
+from repro.matrix.spec import MatrixSpec, confirmed_value
 from repro.stats import (
     assess_inconclusive,
     benjamini_hochberg,
@@ -196,7 +196,7 @@ def _confirmed(run: CellRun) -> dict[str, dict[str, Any]]:
     for process in run.launch.get("processes", []):
         info = infos.get(process["name"])
         if info is not None and process.get("expect"):
-            found[process["name"]] = {key: info.get(key) for key in process["expect"]}
+            found[process["name"]] = {key: confirmed_value(info, key)[1] for key in process["expect"]}
     return found
 
 

@@ -28,7 +28,7 @@ from repro.errors import TargetError, UsageError
 from repro.procs.logcap import is_capped
 from repro.matrix.design import PlannedRun
 from repro.matrix.infometrics import info_from_metrics
-from repro.matrix.spec import AUTO, Level, MatrixSpec, ProcessSpec, Template
+from repro.matrix.spec import AUTO, Level, MatrixSpec, ProcessSpec, Template, confirmed_value
 from repro.procs.process import (
     ManagedProcess,
     confirm_listener,
@@ -216,17 +216,6 @@ def _info_url(given: str | None, port: str | None, sub: Callable[[str], str]) ->
     return f"http://127.0.0.1:{port}/server_info" if port else None
 
 
-def _lookup(info: dict[str, Any], key: str) -> tuple[bool, Any]:
-    if key in info:
-        return True, info[key]
-    node: Any = info
-    for part in key.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return False, None
-        node = node[part]
-    return True, node
-
-
 def _same(expected: Any, actual: Any) -> bool:
     if isinstance(expected, bool) or isinstance(actual, bool):
         return expected is actual
@@ -241,7 +230,7 @@ def mismatches(expect: dict[str, Any], info: dict[str, Any]) -> list[str]:
     """What `/server_info` shows differently from what the spec asked for, one phrase per key."""
     found = []
     for key, expected in expect.items():
-        present, actual = _lookup(info, key)
+        present, actual = confirmed_value(info, key)
         if not present:
             found.append(f"{key} is absent, the spec asked for {expected!r}")
         elif not _same(expected, actual):

@@ -73,6 +73,18 @@ def _split_flags(value: Any) -> Any:
     return shlex.split(value) if isinstance(value, str) else value
 
 
+def confirmed_value(info: dict[str, Any], key: str) -> tuple[bool, Any]:
+    """(present, value) of a `confirm` key in a server's configuration: the key itself, or a dotted path."""
+    if key in info:
+        return True, info[key]
+    node: Any = info
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False, None
+        node = node[part]
+    return True, node
+
+
 class Level(_Model):
     """One level of a factor: what it changes in the deployment and what `/server_info` must then show."""
 
