@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
 from repro.errors import UsageError
 from repro.run.metrics import metrics_url
@@ -87,6 +86,8 @@ def from_server_info(info: Mapping[str, Any] | None) -> Capacity | None:
 def from_metrics(text: str) -> Capacity | None:
     """vLLM: `vllm:cache_config_info{num_gpu_blocks=..., block_size=...}` (an info gauge whose labels are the config)."""
     try:
+        from prometheus_client.parser import text_string_to_metric_families  # only when sizing reads /metrics
+
         families = list(text_string_to_metric_families(text))
     except ValueError:
         return None
