@@ -10,8 +10,9 @@ Its behaviour, as measured on its wheel (tests/fixtures/real_parsers/sglang-0.5.
 - Arguments are written as they stream: a `string="true"` value as a JSON string (not stripped), any
   other value pasted verbatim (invalid JSON stays invalid). A value ends at the first `</｜DSML｜`;
   a closer other than `parameter>` there, or a stray closer between parameters, ends the invoke and
-  drops its later parameters. A malformed
-  parameter header stalls the parse where it stands; a cut text leaves arguments unterminated.
+  drops its later parameters. A parameter's name is read to the first space and pasted as it stands; its
+  value opens at the next `"true">` or `"false">`; a header without them stalls the parse where it stands;
+  a cut text leaves arguments unterminated.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from dsml_checker.server_parsers._common import TAGS, Parsed
 _TOOL = "<" + SENTINEL
 _CLOSE = "</" + SENTINEL
 _NAME_AT = ' name="'
-_STRING_AT = '" string="'
 
 
 class _Stall(Exception):
@@ -128,6 +128,7 @@ class _Reader:
             self.pos = close
             name = self.closer_name()
             if name is None:
+                self.write("}" if params else "{}")  # the text ends inside a closer: the arguments are closed
                 return
             # Any closer ends the invoke (a stray parameter closer too); a block closer ends the block.
             self.write("}" if params else "{}")
@@ -139,18 +140,20 @@ class _Reader:
         start = self.pos + len(TAGS.param_open)
         if not self.text.startswith(_NAME_AT, start):
             raise _Stall
+        # The name runs to the first space and is pasted as it stands, its closing quote included when it has
+        # one (`name="q string="true">` gives the key `"q: `); the value opens at the next `"true">` or
+        # `"false">`, however far on, whatever attribute spelling comes before it.
         key_at = start + len(_NAME_AT)
-        key_end = self.text.find(_STRING_AT, key_at)
+        key_end = self.text.find(" ", key_at)
         if key_end < 0:
             self.write('"' + self.text[key_at:])
             raise _Stall
-        self.write('"' + self.text[key_at:key_end] + '": ')
-        flag_at = key_end + len(_STRING_AT)
-        flag_end = self.text.find('"', flag_at)
-        flag = self.text[flag_at:flag_end] if flag_end >= 0 else ""
-        if flag not in ("true", "false") or not self.text.startswith(">", flag_end + 1):
+        self.write('"' + self.text[key_at:key_end] + ": ")
+        opens = [(at, flag) for flag in ("true", "false") if (at := self.text.find(f'"{flag}">', key_end)) >= 0]
+        if not opens:
             raise _Stall
-        value_at = flag_end + 2
+        flag_at, flag = min(opens)
+        value_at = flag_at + len(flag) + 3
         value_end = self.text.find(_CLOSE, value_at)
         value = self.text[value_at:] if value_end < 0 else self.text[value_at:value_end]
         written = json.dumps(value, ensure_ascii=False) if flag == "true" else value
