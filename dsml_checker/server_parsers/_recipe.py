@@ -99,10 +99,15 @@ class _Reader:
             self.pos = name_end + 3
             return
         if not self.text.startswith(">", name_end + 1):
-            self.out.actions.append("invoke-dropped")
-            self.pos = name_end + 1
-            return
-        self.pos = name_end + 2
+            # Text after the name's closing quote: the opener runs on to its next `>`.
+            head_end = self.text.find(">", name_end + 1)
+            if head_end < 0:
+                self.pos = len(self.text)
+                return
+            self.out.actions.append("invoke-opener-skipped")
+            self.pos = head_end + 1
+        else:
+            self.pos = name_end + 2
         self.out.calls.append((name, ""))
         self.body()
 
