@@ -26,6 +26,10 @@ from dsml_checker.server_parsers._common import TAGS, Parsed
 _TOOL = "<" + SENTINEL
 _CLOSE = "</" + SENTINEL
 _NAME_AT = ' name="'
+# Inside the block, a tag is known by its word and name attribute, whatever its sentinel (a bar lost, a
+# letter misspelt): deepseek-recipe reads `<DSMLinvoke name="…">` as an invoke.
+_INVOKE_AT = "invoke" + _NAME_AT
+_PARAM_AT = "parameter" + _NAME_AT
 
 
 class _Stall(Exception):
@@ -65,7 +69,7 @@ class _Reader:
             self.out.actions.append("bare-invokes-read")
         try:
             while self.pos < len(self.text):
-                invoke, close = self.find(TAGS.invoke_open), self.find(_CLOSE)
+                invoke, close = self.find(_INVOKE_AT), self.find(_CLOSE)
                 if invoke == close == len(self.text):
                     return
                 if invoke < close:
@@ -84,7 +88,7 @@ class _Reader:
             self.out.actions.append("stalled-on-malformed-parameter")
 
     def invoke(self) -> None:
-        start = self.pos + len(TAGS.invoke_open)
+        start = self.pos + len("invoke")
         if not self.text.startswith(_NAME_AT, start):
             self.out.actions.append("invoke-dropped")
             self.pos = start
@@ -118,7 +122,7 @@ class _Reader:
     def body(self) -> None:
         params = 0
         while True:
-            param, close = self.find(TAGS.param_open), self.find(_CLOSE)
+            param, close = self.find(_PARAM_AT), self.find(_CLOSE)
             if param == close == len(self.text):
                 self.pos = len(self.text)
                 return
@@ -142,7 +146,7 @@ class _Reader:
 
     def parameter(self) -> bool:
         """One parameter written; False when its value's closer ended the invoke instead."""
-        start = self.pos + len(TAGS.param_open)
+        start = self.pos + len("parameter")
         if not self.text.startswith(_NAME_AT, start):
             raise _Stall
         # The name runs to the first space and is pasted as it stands, its closing quote included when it has
