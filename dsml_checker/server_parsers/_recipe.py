@@ -8,9 +8,11 @@ Its behaviour, as measured on its wheel (tests/fixtures/real_parsers/sglang-0.5.
   trailing text, stray closers. An invoke whose opener is not exactly `<｜DSML｜invoke name="N">` (or
   self-closing) is skipped with its parameters; unknown tools are returned.
 - Arguments are written as they stream: a `string="true"` value as a JSON string (not stripped), any
-  other value pasted verbatim (invalid JSON stays invalid). A value ends at the first `</｜DSML｜`;
-  a closer other than `parameter>` there, or a stray closer between parameters, ends the invoke and
-  drops its later parameters. A parameter's name is read to the first space and pasted as it stands; its
+  other value pasted verbatim (invalid JSON stays invalid). A value ends at the first `</｜DSML｜`. A
+  closer that does not match there (cut short, misspelt) leaves the parser between tags: later
+  parameters are still read, and the next closer of any kind ends the invoke but not the block, so
+  later invokes and re-sent blocks are read too. A text that ends inside a closer's word closes the
+  arguments; one that ends inside its sentinel leaves them open. A parameter's name is read to the first space and pasted as it stands; its
   value opens at the next `"true">` or `"false">`; a header without them stalls the parse where it stands;
   a cut text leaves arguments unterminated.
 """
@@ -119,10 +121,25 @@ class _Reader:
         name, args = self.out.calls[-1]
         self.out.calls[-1] = (name, args + piece)
 
+    def _closer_at(self, at: int) -> str | None:
+        """The known closer (`invoke`, `parameter`, `tool_calls`) spelt in full at `at`, else None."""
+        return next((w for w in ("invoke", "parameter", "tool_calls") if self.text.startswith(f"{_CLOSE}{w}>", at)), None)
+
+    def _cut_closer(self, at: int) -> str | None:
+        """How the text ends inside a known closer starting at `at`: "word" once the closer's word has begun
+        (the arguments are then closed), "sentinel" before it (they are left open); None when it does not."""
+        rest = self.text[at:]
+        if not any(f"{_CLOSE}{w}>".startswith(rest) for w in ("invoke", "parameter", "tool_calls")):
+            return None
+        return "word" if len(rest) > len(_CLOSE) else "sentinel"
+
     def body(self) -> None:
         params = 0
+        # A closer that failed to match (cut short, misspelt) leaves the parser between tags: the next closer of
+        # any kind then ends the invoke, never the block, so later invokes and re-sent blocks are still read.
+        stray = False
         while True:
-            param, close = self.find(_PARAM_AT), self.find(_CLOSE)
+            param, close = self.find(_PARAM_AT), self.find("</")
             if param == close == len(self.text):
                 self.pos = len(self.text)
                 return
@@ -130,22 +147,32 @@ class _Reader:
                 self.pos = param
                 self.write("{" if params == 0 else ", ")
                 params += 1
-                if not self.parameter():
-                    self.write("}")
+                ended = self.parameter()
+                if ended in ("end", "cut"):
+                    self.write("}" if ended == "end" else "")
                     return
+                stray = stray or ended == "stray"
                 continue
-            self.pos = close
-            name = self.closer_name()
-            if name is None:
-                self.write("}" if params else "{}")  # the text ends inside a closer: the arguments are closed
-                return
+            known = self._closer_at(close)
+            if known is None:
+                cut = self._cut_closer(close)
+                if cut is not None:
+                    if cut == "word":  # the text ends inside a closer's word: the arguments are closed
+                        self.write("}" if params else "{}")
+                    self.pos = len(self.text)
+                    return
+                self.out.actions.append("stray-closer")
+                stray, self.pos = True, close + 2
+                continue
             # Any closer ends the invoke (a stray parameter closer too); a block closer ends the block.
+            self.pos = close + len(_CLOSE) + len(known) + 1
             self.write("}" if params else "{}")
-            self.block_closed = name not in ("invoke", "parameter")
+            self.block_closed = known == "tool_calls" and not stray
             return
 
-    def parameter(self) -> bool:
-        """One parameter written; False when its value's closer ended the invoke instead."""
+    def parameter(self) -> str:
+        """One parameter written: "ok" when its closer followed, "stray" when a closer failed to match there (the
+        parse goes on between tags), "end" / "cut" when the text ends inside its closer's word / sentinel."""
         start = self.pos + len("parameter")
         if not self.text.startswith(_NAME_AT, start):
             raise _Stall
@@ -171,12 +198,16 @@ class _Reader:
             self.pos = len(self.text)
             raise _Stall
         self.write(written)
-        self.pos = value_end
-        closer = self.closer_name()
-        if closer == "parameter":
-            return True
-        self.out.actions.append("invoke-ended-inside-value")
-        return False
+        if self._closer_at(value_end) == "parameter":
+            self.pos = value_end + len(_CLOSE) + len("parameter") + 1
+            return "ok"
+        cut = self._cut_closer(value_end)
+        if cut is not None:
+            self.pos = len(self.text)
+            return "end" if cut == "word" else "cut"
+        self.out.actions.append("closer-failed-inside-value")
+        self.pos = value_end + 2
+        return "stray"
 
 
 def parse(text: str, tools: list[dict[str, Any]], tool_choice: Any) -> Parsed:
