@@ -5,16 +5,18 @@ Its behaviour, as measured on its wheel (tests/fixtures/real_parsers/sglang-0.5.
   missing wrapper, a bare invoke, a block before `</think>` are all read); content loses its trailing
   newlines; a later `</think>` is swallowed, so replayed reasoning lands in the content.
 - Tool mode reads invokes up to the first block closer and drops everything after it: later blocks,
-  trailing text, stray closers. An invoke whose opener is not exactly `<｜DSML｜invoke name="N">` (or
-  self-closing) is skipped with its parameters; unknown tools are returned.
+  trailing text, stray closers. Inside the block a tag is known by its word and name attribute
+  (`invoke name="`, `parameter name="`), whatever its sentinel; an invoke opener runs from its name's
+  closing quote to its next `>` (so a block restarted inside a name yields a call under a garbage name);
+  an invoke whose name is not in ASCII quotes is skipped with its parameters; unknown tools are returned.
 - Arguments are written as they stream: a `string="true"` value as a JSON string (not stripped), any
-  other value pasted verbatim (invalid JSON stays invalid). A value ends at the first `</｜DSML｜`. A
-  closer that does not match there (cut short, misspelt) leaves the parser between tags: later
-  parameters are still read, and the next closer of any kind ends the invoke but not the block, so
-  later invokes and re-sent blocks are read too. A text that ends inside a closer's word closes the
-  arguments; one that ends inside its sentinel leaves them open. A parameter's name is read to the first space and pasted as it stands; its
-  value opens at the next `"true">` or `"false">`; a header without them stalls the parse where it stands;
-  a cut text leaves arguments unterminated.
+  other value pasted verbatim (invalid JSON stays invalid). A parameter's name is read to the first
+  space and pasted as it stands; its value opens at the next `"true">` or `"false">` (a header without
+  either stalls the parse where it stands) and ends at the first `</｜DSML｜`. A closer that does not
+  match there (cut short, misspelt) leaves the parser between tags: later parameters are still read,
+  and the next closer of any kind ends the invoke but not the block, so later invokes and re-sent
+  blocks are read too. A text that ends inside a closer's word closes the arguments; one that ends
+  inside its sentinel, or inside a value, leaves them open.
 """
 
 from __future__ import annotations
