@@ -4,6 +4,7 @@ Its behaviour, as measured on its wheel (tests/fixtures/real_parsers/sglang-0.5.
 - `<｜DSML｜` ends reasoning or content and opens tool mode, whatever block name follows (misspelled or
   missing wrapper, a bare invoke, a block before `</think>` are all read); content loses its trailing
   newlines; a later `</think>` is swallowed, so replayed reasoning lands in the content.
+- A block opener runs to its `>`, or stops short of the next tag when it lost its `>`.
 - Tool mode reads invokes up to the first block closer and drops everything after it: later blocks,
   trailing text, stray closers. Inside the block a tag is known by its word and name attribute
   (`invoke name="`, `parameter name="`), whatever its sentinel; an invoke opener runs from its name's
@@ -63,10 +64,12 @@ class _Reader:
 
     def run(self) -> None:
         if not self.text.startswith(TAGS.invoke_open, self.pos):
+            # The opener runs to its `>`, or stops short of the next tag when it lost its `>`.
             end = self.text.find(">", self.pos)
-            if end < 0:
+            next_tag = self.text.find("<", self.pos + 1)
+            if end < 0 and next_tag < 0:
                 return
-            self.pos = end + 1
+            self.pos = next_tag if end < 0 or 0 <= next_tag < end else end + 1
             if self.text[self.pos - len(TAGS.opener):self.pos] != TAGS.opener:
                 self.out.actions.append("opener-repaired")
         else:
