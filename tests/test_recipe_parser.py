@@ -6,8 +6,8 @@ renders. Fields compared: reasoning, content, call names, the exact arguments st
 - where the package is installed, `parse_as` is exactly the package's output, driven here as SGLang
   0.5.23's `DeepSeekRecipeOutputParser` / `parse_chat_response` drive it, written out independently;
 - the emulation (the fallback where the package cannot be installed) agrees with it on the simulator's
-  operators. On the generated shapes it does not always (about 97% in all; 78-84% for a re-sent block,
-  a damaged opener, a text ending inside a closer): benchmarks/parser_recall.py measures that, per
+  operators. On the generated shapes it does not always (about 98% in all; about 80% for a re-sent block
+  and for a text ending inside a closer): benchmarks/parser_recall.py measures that, per
   class, for docs/parser-recall.md.
 Skipped, loudly, where the package is not installed.
 """
