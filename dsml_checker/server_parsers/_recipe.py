@@ -16,7 +16,8 @@ Its behaviour, as measured on its wheel (tests/fixtures/real_parsers/sglang-0.5.
   either stalls the parse where it stands) and ends at the first `</｜DSML｜`. A closer that does not
   match there (cut short, misspelt) leaves the parser between tags: later parameters are still read,
   and the next closer of any kind ends the invoke but not the block, so later invokes and re-sent
-  blocks are read too. A text that ends inside a closer's word closes the arguments; one that ends
+  blocks are read too. Between parameters, a closer whose sentinel is cut short does the same; one
+  with the whole sentinel and a misspelt word ends the invoke (not the block). A text that ends inside a closer's word closes the arguments; one that ends
   inside its sentinel, or inside a value, leaves them open.
 """
 
@@ -165,6 +166,12 @@ class _Reader:
                     if cut == "word":  # the text ends inside a closer's word: the arguments are closed
                         self.write("}" if params else "{}")
                     self.pos = len(self.text)
+                    return
+                if self.text.startswith(_CLOSE, close):
+                    # The whole sentinel and a word no closer has: the invoke ends there, the block does not.
+                    self.out.actions.append("closer-misspelt")
+                    self.write("}" if params else "{}")
+                    self.pos = close + len(_CLOSE)
                     return
                 self.out.actions.append("stray-closer")
                 stray, self.pos = True, close + 2
