@@ -193,7 +193,8 @@ def test_tolerant_mode_reads_the_shapes_sglang_accepts(calls: list[ToolCall], fm
     assert strict == calls  # loosened so little that the strict grammar still holds
 
 
-_MENTIONS = ["DSML", "dsml", "DSML｜", "｜DSML", "\ufffdDSML", "<DSML>", "<b>DSML</b>", "<DSML-lite", "DSML-like"]
+# No bar beside the word: a bar, blanks and a tag word (`｜ DSML｜ invoke`) is the spaced variant, flagged on purpose.
+_MENTIONS = ["DSML", "dsml", "\ufffdDSML", "DSML\ufffd", "<DSML>", "<b>DSML</b>", "<DSML-lite", "DSML-like", "(DSML)"]
 _WORDS = ["invoke", "parameter", "tool_calls", "calls", "tool", "the", "format", " ", "\n", "<", ">", "a < b", "&"]
 
 
