@@ -103,16 +103,24 @@ def _damaged(op: str, tools: list[dict[str, Any]], count: int, seed: int) -> lis
     raise AssertionError("unreachable: the answers never end")
 
 
-def injection_weights(tools: list[dict[str, Any]], draws: int, seed: int) -> tuple[dict[str, float], float]:
-    """Each operator's share of the simulator's injections (`damage` over its own answers), and the share of
-    those injections that land on a final-answer turn (no call in the undamaged answer)."""
+def injection_weights(tools: list[dict[str, Any]], draws: int, seed: int,
+                      final_only: bool = False) -> tuple[dict[str, float], float]:
+    """Each operator's share of the simulator's injections (`damage` over its own answers, or over its final
+    answers alone), and the share of those injections that land on a final-answer turn (no call in the
+    undamaged answer)."""
     tool = tools[0]["function"]["name"]
     rng = random.Random(seed)
     counts: collections.Counter[str] = collections.Counter()
-    final = 0
-    for raw, _ in zip(_answers(tools, seed + 1), range(draws)):
+    final = seen = 0
+    answers = _answers(tools, seed + 1)
+    while seen < draws:
+        raw = next(answers)
+        is_final = "<｜DSML｜tool_calls>" not in raw
+        if final_only and not is_final:
+            continue
         counts[damage(raw, rng, tool=tool)[0]] += 1
-        final += "<｜DSML｜tool_calls>" not in raw
+        final += is_final
+        seen += 1
     return {op: counts[op] / draws for op in OPERATORS}, final / draws
 
 
@@ -202,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     tools = yaml.safe_load(WORKLOAD.read_text(encoding="utf-8"))["tools"]
     weights, final_share = injection_weights(tools, args.draws, args.seed)
+    final_weights, _ = injection_weights(tools, args.draws, args.seed, final_only=True)
     command = "python benchmarks/parser_recall.py" + "".join(
         f" {flag} {value}" for flag, value, default in (("--per-operator", args.per_operator, 150),
                                                          ("--seed", args.seed, 0), ("--draws", args.draws, 4000))
@@ -218,7 +227,10 @@ def main(argv: list[str] | None = None) -> int:
                "|---|---|---|---|---|---|---|"]
     generated = ["| parser | n | parsed catches | parsed+raw catches | raw catches | output changed | changed, raw clean |",
                  "|---|---|---|---|---|---|---|"]
+    finals = ["| parser | parsed catches | parsed+raw catches | raw catches | hidden | made |", "|---|---|---|---|---|---|"]
     for name in PARSERS:
+        _, on_final = measure(name, tools, args.per_operator, args.seed, final_weights)
+        finals.append(f"| {name} | " + " | ".join(f"{100 * on_final[k]:.1f}%" for k in _SHARES) + " |")
         lines, total = measure(name, tools, args.per_operator, args.seed, weights)
         doc += [f"## {name} ({implementation(name)})", "", *lines, ""]
         summary.append(f"| {name} | {implementation(name)} | " + " | ".join(f"{100 * total[k]:.1f}%" for k in _SHARES) + " |")
@@ -233,10 +245,13 @@ def main(argv: list[str] | None = None) -> int:
             "text there; this is the emulation that stands in where it is not.", "",
             *agreement(tools, args.per_operator, args.seed), "",
             "## Faults on final-answer turns", "",
-            f"Of {args.draws} faults the simulator injects over its own answers, {100 * final_share:.1f}% land on a "
-            "final-answer turn (the undamaged answer has no tool call): there only the text operators fit "
-            "(repeated text, a leaked invoke, replayed reasoning), and the parsed verdict sees what the parser "
-            "left of them in the content.", ""]
+            f"Of {args.draws} faults the simulator would inject spread evenly over its answers, {100 * final_share:.1f}% "
+            "land on a final-answer turn (the undamaged answer has no tool call). Live, faults gather on the later "
+            "turns, whose long prefixes are loaded back from the host tier: in two runs of the README's main "
+            "command (`repro run --sessions 60 --timeout 180`, deepseek-recipe 0.2.0), 12 of 23 and 7 of 15 "
+            "corrupt turns (19 of 38, 50%) were final answers. On a final answer only the text operators fit (repeated text, a leaked "
+            "invoke, replayed reasoning), and recall there, at the simulator's weights over final answers alone, is:",
+            "", *finals, ""]
     text = "\n".join(doc)
     sys.stdout.write(text)
     if args.out is not None:

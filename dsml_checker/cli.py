@@ -1,7 +1,8 @@
 """`dsml-check FILE|-`: judge JSON lines of chat completions; one JSON verdict per line, a summary on stderr.
 
 Each input line is an OpenAI `chat.completion` object or `{"message": …, "finish_reason": …}`, optionally with
-`"request": {"tools": […], "tool_choice": …}` and with `"raw": "…"`, the text the model generated for the turn.
+`"request": {"tools": […], "tool_choice": …, "chat_template_kwargs": {"thinking": …}}` and with `"raw": "…"`, the
+text the model generated for the turn (judged in the thinking mode the request states, if it states one).
 A line with raw text gets three verdicts: on the message, on the raw text, and on what the parse lost of it; it
 is corrupt if any is, and the summary counts the damage the server's parser hid (raw text corrupt, message not)
 and made (raw text clean, message or parse corrupt). Exit 0 when every input is clean or suspect, 1 when any is
@@ -58,6 +59,8 @@ class Turn:
     response_id: str | None
     raw: str | None = None
     """The text the model generated for this turn, when the line carries it."""
+    thinking: bool | None = None
+    """The thinking mode the request states (`chat_template_kwargs.thinking`), None when it states none."""
 
 
 def _turn(obj: Any, where: str, line: int) -> Turn:
@@ -80,7 +83,10 @@ def _turn(obj: Any, where: str, line: int) -> Turn:
     raw = obj.get("raw")
     if raw is not None and not isinstance(raw, str):
         raise InputError(f'{where}: "raw" must be a string (the text the model generated)')
-    return Turn(line, message, finish, request.get("tools"), request.get("tool_choice"), response_id, raw)
+    kwargs = request.get("chat_template_kwargs")
+    thinking = kwargs.get("thinking") if isinstance(kwargs, dict) else None
+    return Turn(line, message, finish, request.get("tools"), request.get("tool_choice"), response_id, raw,
+                thinking if isinstance(thinking, bool) else None)
 
 
 def read_turns(stream: IO[bytes], source: str) -> Iterator[Turn]:
@@ -135,7 +141,7 @@ def judge(turn: Turn, fmt: str) -> tuple[dict[str, Any], str | None]:
         seen = check(turn.message, finish_reason=turn.finish_reason, tools=turn.tools, tool_choice=turn.tool_choice)
         return {**row, **seen.to_dict()}, None
     verdicts = judge_turn(turn.message, turn.raw, finish_reason=turn.finish_reason, tools=turn.tools,
-                          tool_choice=turn.tool_choice, fmt=fmt)
+                          tool_choice=turn.tool_choice, fmt=fmt, thinking=turn.thinking)
     effect = "hid" if verdicts.hid else "made" if verdicts.made else None
     row |= {"label": verdicts.label, "findings": verdicts.parsed.to_dict()["findings"], "parsed": verdicts.parsed.label}
     row |= {"raw": verdicts.raw.to_dict(), "lost": verdicts.lost.to_dict(), "parser": effect}

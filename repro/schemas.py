@@ -120,8 +120,9 @@ def _dsml_input() -> dict[str, Any]:
     }
     request = {
         "type": "object",
-        "description": "What the turn was asked with: the tools offered and tool_choice.",
-        "properties": {"tools": {"type": "array", "items": {"type": "object"}}, "tool_choice": {}},
+        "description": "What the turn was asked with: the tools offered, tool_choice, and the thinking mode it states.",
+        "properties": {"tools": {"type": "array", "items": {"type": "object"}}, "tool_choice": {},
+                       "chat_template_kwargs": {"type": "object", "properties": {"thinking": {"type": "boolean"}}}},
     }
     raw = {"type": "string", "description": "The text the model generated for the turn (before the server's parser)."}
     return {

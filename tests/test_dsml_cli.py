@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -307,3 +308,14 @@ def test_raw_that_is_not_a_string_is_an_input_error() -> None:
     done = dsml_check("-", stdin='{"message": {"content": "ok"}, "raw": ["not", "text"]}\n')
     assert done.returncode == 2
     assert '<stdin>:1: "raw" must be a string' in done.stderr.decode()
+
+
+def test_the_requests_thinking_mode_judges_a_missing_think_close() -> None:
+    def row(thinking: bool | None) -> dict[str, Any]:
+        request = {} if thinking is None else {"chat_template_kwargs": {"thinking": thinking}}
+        return {"message": {"content": "Done."}, "finish_reason": "stop", "raw": "Done.<｜end▁of▁sentence｜>", "request": request}
+
+    done = dsml_check("-", stdin="\n".join(json.dumps(row(t), ensure_ascii=False) for t in (True, False, None)) + "\n")
+    on, off, unstated = lines(done)
+    assert on["raw"]["label"] == "corrupt" and "raw-think-missing" in {f["rule"] for f in on["raw"]["findings"]}
+    assert off["raw"]["label"] == unstated["raw"]["label"] == "clean"

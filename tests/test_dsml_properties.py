@@ -75,7 +75,7 @@ def _structured(calls: list[ToolCall]) -> list[dict[str, Any]]:
 @given(calls=tool_calls, content=st.none() | prose, ascii_json=st.booleans())
 def test_well_formed_calls_delivered_structured_are_clean(calls: list[ToolCall], content: str | None, ascii_json: bool) -> None:
     # The same call twice is a rule of its own (duplicate-call).
-    assume(all(not a.arguments or not json_equal(a, b) for i, a in enumerate(calls) for b in calls[i + 1 :] if a.name == b.name))
+    assume(all(not json_equal(a.arguments, b.arguments) for i, a in enumerate(calls) for b in calls[i + 1 :] if a.name == b.name))
     structured = _structured(calls)
     if ascii_json:
         for entry, call in zip(structured, calls):
@@ -193,7 +193,8 @@ def test_tolerant_mode_reads_the_shapes_sglang_accepts(calls: list[ToolCall], fm
     assert strict == calls  # loosened so little that the strict grammar still holds
 
 
-_MENTIONS = ["DSML", "dsml", "DSML｜", "｜DSML", "\ufffdDSML", "<DSML>", "<b>DSML</b>", "<DSML-lite", "DSML-like"]
+# No bar beside the word: a bar, blanks and a tag word (`｜ DSML｜ invoke`) is the spaced variant, flagged on purpose.
+_MENTIONS = ["DSML", "dsml", "\ufffdDSML", "DSML\ufffd", "<DSML>", "<b>DSML</b>", "<DSML-lite", "DSML-like", "(DSML)"]
 _WORDS = ["invoke", "parameter", "tool_calls", "calls", "tool", "the", "format", " ", "\n", "<", ">", "a < b", "&"]
 
 

@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 from run_builders import make_run, run_main
 
 from dsml_checker import ToolCall, render_completion
-from repro.run.observe import ObservePlan, RenderError, judge, text_request
+from dsml_checker.server_parsers import implementation
+from repro.run.observe import ObservePlan, RenderError, judge, stated_thinking, text_request
 from repro.wire.rawtext import CompletionText, GenerateText, LogprobText, RawText
 from repro.store.records import FindingRecord, Manifest, ParserEffect, SessionRecord, TurnRecord, corrupt_seen
 from repro.store.rundir import RunWriter, load_run
@@ -270,7 +271,8 @@ def test_without_tool_call_logprobs_the_raw_text_comes_from_a_raw_endpoint(
         source,
         "sglang-0.5.23",
     )
-    assert "client-side emulation" in observe["parsed_verdict_on"]
+    assert "run client-side" in observe["parsed_verdict_on"]
+    assert observe["client_parser_implementation"] == implementation("sglang-0.5.23")
     if mode.startswith("lp-notools"):
         assert observe["probe"]["logprobs"].startswith("incomplete: ")
     # The session loop went on with the calls parsed client-side, to the final answer.
@@ -551,12 +553,17 @@ def test_the_requests_thinking_mode_reaches_the_raw_verdict() -> None:
     # reasoning_content. Only the request's thinking mode tells the raw check that the close is missing.
     text = "Hello! How can I help?" + "<｜end▁of▁sentence｜>"
     message = {"role": "assistant", "content": "Hello! How can I help?", "reasoning_content": None}
-    for thinking, label in ((True, "corrupt"), (False, "clean")):
-        verdicts = judge(ObservePlan("both", "logprobs", thinking=thinking), message, finish_reason="stop", tools=None,
-                         tool_choice=None, rawtext=RawText("logprobs", text, True))
+    # Stated by the requests (chat_template_kwargs): judged; not stated: the server's default decides, not assumed.
+    for stated, label in ((True, "corrupt"), (False, "clean"), (None, "clean")):
+        plan = ObservePlan("both", "logprobs", thinking=stated is not False, thinking_stated=stated)
+        verdicts = judge(plan, message, finish_reason="stop", tools=None, tool_choice=None,
+                         rawtext=RawText("logprobs", text, True))
         assert verdicts.raw is not None and verdicts.raw.label == label
-        assert ("raw-think-missing" in verdicts.raw.rules) is thinking
+        assert ("raw-think-missing" in verdicts.raw.rules) is (stated is True)
         assert verdicts.verdict == label
+    assert stated_thinking({"chat_template_kwargs": {"thinking": True}}) is True
+    assert stated_thinking({"chat_template_kwargs": {"enable_thinking": False}}) is False
+    assert stated_thinking({"model": "m"}) is None
 
 
 def test_a_client_parser_error_is_a_turn_verdict_with_its_reason() -> None:

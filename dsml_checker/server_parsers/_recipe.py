@@ -4,14 +4,21 @@ Its behaviour, as measured on its wheel (tests/fixtures/real_parsers/sglang-0.5.
 - `<｜DSML｜` ends reasoning or content and opens tool mode, whatever block name follows (misspelled or
   missing wrapper, a bare invoke, a block before `</think>` are all read); content loses its trailing
   newlines; a later `</think>` is swallowed, so replayed reasoning lands in the content.
+- A block opener runs to its `>`, or stops short of the next tag when it lost its `>`.
 - Tool mode reads invokes up to the first block closer and drops everything after it: later blocks,
-  trailing text, stray closers. An invoke whose opener is not exactly `<｜DSML｜invoke name="N">` (or
-  self-closing) is skipped with its parameters; unknown tools are returned.
+  trailing text, stray closers. Inside the block a tag is known by its word and name attribute
+  (`invoke name="`, `parameter name="`), whatever its sentinel; an invoke opener runs from its name's
+  closing quote to its next `>` (so a block restarted inside a name yields a call under a garbage name);
+  an invoke whose name is not in ASCII quotes is skipped with its parameters; unknown tools are returned.
 - Arguments are written as they stream: a `string="true"` value as a JSON string (not stripped), any
-  other value pasted verbatim (invalid JSON stays invalid). A value ends at the first `</｜DSML｜`;
-  a closer other than `parameter>` there, or a stray closer between parameters, ends the invoke and
-  drops its later parameters. A malformed
-  parameter header stalls the parse where it stands; a cut text leaves arguments unterminated.
+  other value pasted verbatim (invalid JSON stays invalid). A parameter's name is read to the first
+  space and pasted as it stands; its value opens at the next `"true">` or `"false">` (a header without
+  either stalls the parse where it stands) and ends at the first `</｜DSML｜`. A closer that does not
+  match there (cut short, misspelt) leaves the parser between tags: later parameters are still read,
+  and the next closer of any kind ends the invoke but not the block, so later invokes and re-sent
+  blocks are read too. Between parameters, a closer whose sentinel is cut short does the same; one
+  with the whole sentinel and a misspelt word ends the invoke (not the block). A text that ends inside a closer's word closes the arguments; one that ends
+  inside its sentinel, or inside a value, leaves them open.
 """
 
 from __future__ import annotations
@@ -25,7 +32,10 @@ from dsml_checker.server_parsers._common import TAGS, Parsed
 _TOOL = "<" + SENTINEL
 _CLOSE = "</" + SENTINEL
 _NAME_AT = ' name="'
-_STRING_AT = '" string="'
+# Inside the block, a tag is known by its word and name attribute, whatever its sentinel (a bar lost, a
+# letter misspelt): deepseek-recipe reads `<DSMLinvoke name="…">` as an invoke.
+_INVOKE_AT = "invoke" + _NAME_AT
+_PARAM_AT = "parameter" + _NAME_AT
 
 
 class _Stall(Exception):
@@ -55,17 +65,19 @@ class _Reader:
 
     def run(self) -> None:
         if not self.text.startswith(TAGS.invoke_open, self.pos):
+            # The opener runs to its `>`, or stops short of the next tag when it lost its `>`.
             end = self.text.find(">", self.pos)
-            if end < 0:
+            next_tag = self.text.find("<", self.pos + 1)
+            if end < 0 and next_tag < 0:
                 return
-            self.pos = end + 1
+            self.pos = next_tag if end < 0 or 0 <= next_tag < end else end + 1
             if self.text[self.pos - len(TAGS.opener):self.pos] != TAGS.opener:
                 self.out.actions.append("opener-repaired")
         else:
             self.out.actions.append("bare-invokes-read")
         try:
             while self.pos < len(self.text):
-                invoke, close = self.find(TAGS.invoke_open), self.find(_CLOSE)
+                invoke, close = self.find(_INVOKE_AT), self.find(_CLOSE)
                 if invoke == close == len(self.text):
                     return
                 if invoke < close:
@@ -84,7 +96,7 @@ class _Reader:
             self.out.actions.append("stalled-on-malformed-parameter")
 
     def invoke(self) -> None:
-        start = self.pos + len(TAGS.invoke_open)
+        start = self.pos + len("invoke")
         if not self.text.startswith(_NAME_AT, start):
             self.out.actions.append("invoke-dropped")
             self.pos = start
@@ -99,10 +111,15 @@ class _Reader:
             self.pos = name_end + 3
             return
         if not self.text.startswith(">", name_end + 1):
-            self.out.actions.append("invoke-dropped")
-            self.pos = name_end + 1
-            return
-        self.pos = name_end + 2
+            # Text after the name's closing quote: the opener runs on to its next `>`.
+            head_end = self.text.find(">", name_end + 1)
+            if head_end < 0:
+                self.pos = len(self.text)
+                return
+            self.out.actions.append("invoke-opener-skipped")
+            self.pos = head_end + 1
+        else:
+            self.pos = name_end + 2
         self.out.calls.append((name, ""))
         self.body()
 
@@ -110,10 +127,25 @@ class _Reader:
         name, args = self.out.calls[-1]
         self.out.calls[-1] = (name, args + piece)
 
+    def _closer_at(self, at: int) -> str | None:
+        """The known closer (`invoke`, `parameter`, `tool_calls`) spelt in full at `at`, else None."""
+        return next((w for w in ("invoke", "parameter", "tool_calls") if self.text.startswith(f"{_CLOSE}{w}>", at)), None)
+
+    def _cut_closer(self, at: int) -> str | None:
+        """How the text ends inside a known closer starting at `at`: "word" once the closer's word has begun
+        (the arguments are then closed), "sentinel" before it (they are left open); None when it does not."""
+        rest = self.text[at:]
+        if not any(f"{_CLOSE}{w}>".startswith(rest) for w in ("invoke", "parameter", "tool_calls")):
+            return None
+        return "word" if len(rest) > len(_CLOSE) else "sentinel"
+
     def body(self) -> None:
         params = 0
+        # A closer that failed to match (cut short, misspelt) leaves the parser between tags: the next closer of
+        # any kind then ends the invoke, never the block, so later invokes and re-sent blocks are still read.
+        stray = False
         while True:
-            param, close = self.find(TAGS.param_open), self.find(_CLOSE)
+            param, close = self.find(_PARAM_AT), self.find("</")
             if param == close == len(self.text):
                 self.pos = len(self.text)
                 return
@@ -121,36 +153,55 @@ class _Reader:
                 self.pos = param
                 self.write("{" if params == 0 else ", ")
                 params += 1
-                if not self.parameter():
-                    self.write("}")
+                ended = self.parameter()
+                if ended in ("end", "cut"):
+                    self.write("}" if ended == "end" else "")
                     return
+                stray = stray or ended == "stray"
                 continue
-            self.pos = close
-            name = self.closer_name()
-            if name is None:
-                return
+            known = self._closer_at(close)
+            if known is None:
+                cut = self._cut_closer(close)
+                if cut is not None:
+                    if cut == "word":  # the text ends inside a closer's word: the arguments are closed
+                        self.write("}" if params else "{}")
+                    self.pos = len(self.text)
+                    return
+                if self.text.startswith(_CLOSE, close):
+                    # The whole sentinel and a word no closer has: the invoke ends there, the block does not.
+                    self.out.actions.append("closer-misspelt")
+                    self.write("}" if params else "{}")
+                    self.pos = close + len(_CLOSE)
+                    return
+                self.out.actions.append("stray-closer")
+                stray, self.pos = True, close + 2
+                continue
             # Any closer ends the invoke (a stray parameter closer too); a block closer ends the block.
+            self.pos = close + len(_CLOSE) + len(known) + 1
             self.write("}" if params else "{}")
-            self.block_closed = name not in ("invoke", "parameter")
+            self.block_closed = known == "tool_calls" and not stray
             return
 
-    def parameter(self) -> bool:
-        """One parameter written; False when its value's closer ended the invoke instead."""
-        start = self.pos + len(TAGS.param_open)
+    def parameter(self) -> str:
+        """One parameter written: "ok" when its closer followed, "stray" when a closer failed to match there (the
+        parse goes on between tags), "end" / "cut" when the text ends inside its closer's word / sentinel."""
+        start = self.pos + len("parameter")
         if not self.text.startswith(_NAME_AT, start):
             raise _Stall
+        # The name runs to the first space and is pasted as it stands, its closing quote included when it has
+        # one (`name="q string="true">` gives the key `"q: `); the value opens at the next `"true">` or
+        # `"false">`, however far on, whatever attribute spelling comes before it.
         key_at = start + len(_NAME_AT)
-        key_end = self.text.find(_STRING_AT, key_at)
+        key_end = self.text.find(" ", key_at)
         if key_end < 0:
             self.write('"' + self.text[key_at:])
             raise _Stall
-        self.write('"' + self.text[key_at:key_end] + '": ')
-        flag_at = key_end + len(_STRING_AT)
-        flag_end = self.text.find('"', flag_at)
-        flag = self.text[flag_at:flag_end] if flag_end >= 0 else ""
-        if flag not in ("true", "false") or not self.text.startswith(">", flag_end + 1):
+        self.write('"' + self.text[key_at:key_end] + ": ")
+        opens = [(at, flag) for flag in ("true", "false") if (at := self.text.find(f'"{flag}">', key_end)) >= 0]
+        if not opens:
             raise _Stall
-        value_at = flag_end + 2
+        flag_at, flag = min(opens)
+        value_at = flag_at + len(flag) + 3
         value_end = self.text.find(_CLOSE, value_at)
         value = self.text[value_at:] if value_end < 0 else self.text[value_at:value_end]
         written = json.dumps(value, ensure_ascii=False) if flag == "true" else value
@@ -159,12 +210,16 @@ class _Reader:
             self.pos = len(self.text)
             raise _Stall
         self.write(written)
-        self.pos = value_end
-        closer = self.closer_name()
-        if closer == "parameter":
-            return True
-        self.out.actions.append("invoke-ended-inside-value")
-        return False
+        if self._closer_at(value_end) == "parameter":
+            self.pos = value_end + len(_CLOSE) + len("parameter") + 1
+            return "ok"
+        cut = self._cut_closer(value_end)
+        if cut is not None:
+            self.pos = len(self.text)
+            return "end" if cut == "word" else "cut"
+        self.out.actions.append("closer-failed-inside-value")
+        self.pos = value_end + 2
+        return "stray"
 
 
 def parse(text: str, tools: list[dict[str, Any]], tool_choice: Any) -> Parsed:

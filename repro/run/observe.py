@@ -54,6 +54,9 @@ class ObservePlan:
     fmt: str = "v4"
     thinking: bool = True
     """The prompt ends with `<think>`: the generated text starts with reasoning (DeepSeek's thinking mode)."""
+    thinking_stated: bool | None = None
+    """The thinking mode the requests state (`chat_template_kwargs`); None: the server's default decides, and the
+    raw verdict does not assume one (only a stated thinking mode makes a missing `</think>` a finding)."""
 
     @property
     def text_endpoint(self) -> bool:
@@ -82,14 +85,21 @@ class ObservePlan:
         }
 
 
-def thinking_of(extra_body: dict[str, Any]) -> bool:
-    """Whether requests ask for thinking mode: DeepSeek's default unless `chat_template_kwargs` turns it off."""
-    kwargs = extra_body.get("chat_template_kwargs")
+def stated_thinking(body: dict[str, Any]) -> bool | None:
+    """The thinking mode a request body (or the extra body merged into every request) states in
+    `chat_template_kwargs`; None when it states none."""
+    kwargs = body.get("chat_template_kwargs")
     if isinstance(kwargs, dict):
         for key in ("thinking", "enable_thinking"):
             if isinstance(kwargs.get(key), bool):
-                return kwargs[key]
-    return True
+                return bool(kwargs[key])
+    return None
+
+
+def thinking_of(extra_body: dict[str, Any]) -> bool:
+    """Whether requests ask for thinking mode: DeepSeek's default unless `chat_template_kwargs` turns it off."""
+    stated = stated_thinking(extra_body)
+    return True if stated is None else stated
 
 
 class RenderError(ValueError):
@@ -205,14 +215,14 @@ def judge(
         raw = None
         if rawtext is not None and rawtext.complete:
             raw = check_raw(rawtext.text, tools=tools, tool_choice=tool_choice, finish_reason=finish_reason,
-                            fmt=plan.fmt, thinking=plan.thinking)
+                            fmt=plan.fmt, thinking=plan.thinking_stated)
         return Judgement(raw.label if plan.mode == "raw" and raw is not None else "corrupt", failed, raw)
     if rawtext is None or not rawtext.complete:
         parsed = check(message, finish_reason=finish_reason, tools=tools, tool_choice=tool_choice)
         return Judgement(parsed.label, parsed, None)
     verdicts = judge_turn(
         message, rawtext.text, finish_reason=finish_reason, tools=tools, tool_choice=tool_choice, fmt=plan.fmt,
-        thinking=plan.thinking,
+        thinking=plan.thinking_stated,
     )
     label = verdicts.raw.label if plan.mode == "raw" else verdicts.label
     return Judgement(label, verdicts.parsed, verdicts.raw, verdicts.lost)

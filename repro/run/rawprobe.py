@@ -23,6 +23,7 @@ from repro.run.observe import (
     ObserveMode,
     ObservePlan,
     RawEndpoint,
+    stated_thinking,
     text_request,
 )
 from repro.wire.client import make_client, send_turn
@@ -130,9 +131,9 @@ async def probe(request: ProbeRequest) -> ProbeResult:
         if request.raw_endpoint is None:
             ok, findings["logprobs"] = await _probe_logprobs(request, client)
             if ok:
-                return ProbeResult(
-                    ObservePlan(mode, "logprobs", fmt=request.fmt, thinking=request.thinking), findings, []
-                )
+                plan = ObservePlan(mode, "logprobs", fmt=request.fmt, thinking=request.thinking,
+                                   thinking_stated=stated_thinking(request.payload))
+                return ProbeResult(plan, findings, [])
         for endpoint in (request.raw_endpoint,) if request.raw_endpoint else ("completions", "generate"):
             ok, findings[endpoint] = await _probe_text(request, client, endpoint)
             if ok:
@@ -143,6 +144,7 @@ async def probe(request: ProbeRequest) -> ProbeResult:
                     client_parser=request.client_parser,
                     fmt=request.fmt,
                     thinking=request.thinking,
+                    thinking_stated=stated_thinking(request.payload),
                 )
                 return ProbeResult(plan, findings, [])
     # Server error texts may span lines; the message is one.
