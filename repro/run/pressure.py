@@ -23,7 +23,7 @@ import httpx
 from repro.errors import UsageError
 from repro.run.metrics import metrics_url
 from repro.untrusted import get_bounded
-from repro.wire.transport import tls_context
+from repro.wire.transport import tls_for
 from repro.workload.trace import Trace
 
 from repro.workload.context import CHARS_PER_TOKEN
@@ -218,11 +218,11 @@ def sized_workload(scenario: Workload | Trace, *, pressure: str | None, server_i
         return scenario
 
     def metrics() -> str | None:
-        with httpx.Client(trust_env=False, headers=headers, verify=tls_context()) as client:
+        with httpx.Client(trust_env=False, headers=headers, verify=tls_for(base_url)) as client:
             try:
                 status, content = get_bounded(client, metrics_url(base_url), max_bytes=METRICS_BYTES,
                                               timeout_s=METRICS_TIMEOUT_S)
-            except httpx.HTTPError:
+            except (httpx.HTTPError, ValueError):  # unreachable, or an answer that never ends: no capacity there
                 return None
         return content.decode("utf-8", "replace") if status == 200 else None
 
