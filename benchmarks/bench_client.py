@@ -25,13 +25,18 @@ from pathlib import Path
 
 import anyio
 
-from repro.wire.client import make_client
+from repro.procs.limits import ensure_open_files
+from repro.procs.process import (
+    ManagedProcess,
+    free_port,
+    start_process,
+    wait_http_ready,
+)
 from repro.run.load import run_load
 from repro.run.observe import ObservePlan
-from repro.procs.process import ManagedProcess, free_port, start_process, wait_http_ready
-from repro.store.records import SessionRecord
-from repro.run.runner import ensure_open_files
 from repro.run.session import Session, SessionConfig
+from repro.store.records import SessionRecord
+from repro.wire.client import make_client
 from repro.workload.scenario import load_workload
 
 SERVER = Path(__file__).resolve().parent / "fast_stream_server.py"

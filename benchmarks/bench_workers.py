@@ -24,10 +24,12 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
+from bench_client import start_server
 from rich.console import Console
 
-from bench_client import start_server
-from repro.run.runner import RunOptions, ensure_open_files, execute_run
+from repro.procs.limits import ensure_open_files
+from repro.run.options import RunOptions
+from repro.run.runner import execute_run
 from repro.store.rundir import load_run
 
 LAG_LIMIT_S = 0.050

@@ -19,7 +19,8 @@ import httpx
 from rich.console import Console
 
 from repro.run.metrics import parse_samples
-from repro.run.runner import RunOptions, execute_run
+from repro.run.options import RunOptions
+from repro.run.runner import execute_run
 from repro.sim.launch import start_sim
 from repro.sim.model import conversation_key
 from repro.store.rundir import read_sessions

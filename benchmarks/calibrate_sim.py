@@ -5,7 +5,10 @@ then prints the session outcomes, the fault log's count, the load-back volume an
 Expected: HiCache + bf16 index-K corrupts roughly 10-20% of sessions at 60; one session, HiCache off,
 fp8 index-K and the index-K gate corrupt none.
 
-    .venv/bin/python benchmarks/calibrate_sim.py [--repeat N] [--only NAME ...]
+The counts come from the simulator's virtual clock (the default here): the same seed gives the same counts
+at any machine load. `--clock real` shows the real clock's, which vary with the machine's load.
+
+    .venv/bin/python benchmarks/calibrate_sim.py [--repeat N] [--only NAME ...] [--clock virtual|real]
 """
 
 from __future__ import annotations
@@ -34,11 +37,11 @@ CONFIGS: dict[str, tuple[int, list[str]]] = {
 }
 
 
-def run_once(name: str, sessions: int, sim_args: list[str], seed: int, workdir: Path) -> dict[str, object]:
+def run_once(name: str, sessions: int, sim_args: list[str], seed: int, workdir: Path, clock: str) -> dict[str, object]:
     out = workdir / f"{len(list(workdir.iterdir()))}"
     faults = workdir / f"{out.name}-faults.jsonl"
     # `repro run` passes the seeds' faulty flags first; these come after them and win.
-    args = [*sim_args, "--fault-log", str(faults)]
+    args = [*sim_args, "--clock", clock, "--fault-log", str(faults)]
     cmd = [sys.executable, "-c", "from repro.cli import main; main()", "run", "--sessions", str(sessions),
            "--seed", str(seed), "--out", str(out), "--sim-args", shlex.join(args)]
     started = time.monotonic()
@@ -70,6 +73,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=1, help="runs per configuration (seeds 0..N-1)")
     parser.add_argument("--only", nargs="*", help="configuration names to run")
+    parser.add_argument("--clock", choices=("virtual", "real"), default="virtual",
+                        help="the simulator's clock: virtual counts do not depend on the machine's load")
     options = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="calibrate-sim-") as tmp:
         workdir = Path(tmp)
@@ -79,7 +84,7 @@ def main() -> None:
             if options.only and name not in options.only:
                 continue
             for seed in range(options.repeat):
-                row = run_once(name, sessions, sim_args, seed, workdir)
+                row = run_once(name, sessions, sim_args, seed, workdir, options.clock)
                 counts = row["counts"]
                 print(f"{name:30} {seed:>4} {counts['clean']:>5} {counts['corrupt']:>7} {counts['timeout']:>7} "
                       f"{counts['error']:>5} {row['faults']:>6} {row['fault_sessions']:>6} {row['hit_rate']:>5.2f} "

@@ -2,8 +2,10 @@
 
 Run: `python benchmarks/parser_recall.py [--per-operator N] [--seed S] [--out docs/parser-recall.md]`.
 
-For each parser version the simulator emulates (dsml_checker.server_parsers.PARSERS) and each damage
-operator of repro.sim.corrupt, N faults (default 150, seeded) are made from the simulator's own answers
+For each server parser (dsml_checker.server_parsers.PARSERS: sglang-0.5.23 runs DeepSeek's own parser,
+deepseek-recipe, where it is installed) and each damage class of repro.sim.damage_classes (the
+simulator's operators, then damage generated in shapes no fixture was written for), N faults (default
+150, seeded) are made from the simulator's own answers
 to the agentic-coding workload (turns 0-6 of a session, the seventh a final answer, as the simulator's
 default `--final-after-turns 6` plays them). Each fault is judged three ways:
 - parsed: `dsml_checker.check` on the message the server's parser makes of the damaged text (what a
@@ -13,9 +15,21 @@ default `--final-after-turns 6` plays them). Each fault is judged three ways:
 - raw: `dsml_checker.check_raw` on the damaged text itself.
 "hidden" is raw corrupt and parsed not; "made" is raw clean and parsed corrupt (a parser bug). The
 parser's effect (repro.sim.faults.parser_effect) is tallied too. The weighted total weighs each operator
-by how often the simulator injects it: its share of `repro.sim.corrupt.damage` over the same answers.
+by how often the simulator injects it: its share of `repro.sim.corrupt.damage` over the same answers;
+the generated classes are outside that weighting and are totalled separately, unweighted ("changed" is
+the share whose parsed output differs from the undamaged answer's; "raw misses" counts those the raw
+verdict still calls clean). Two generated classes cut the text as a max-tokens limit does (finish
+"length"): a cut is no damage, so they are left out of the generated recall total. What the raw
+verdict misses there is damage that leaves the grammar whole: a letter lost from a value, a newline or
+a quote added to a value or to the prose. The text is still well-formed DSML with other words in it, so
+no check of the markup can see it; only the values' meaning could.
 The clean row runs the undamaged answers through both verdicts: every non-zero figure there is a false
 positive.
+
+Agreement: where deepseek-recipe is installed, the emulation of sglang-0.5.23 (the fallback where it is
+not) is compared with the package field by field (reasoning, content, call names, exact arguments
+strings, finish reason) on every fault of every class. The final-answer share is the share of the
+simulator's injected faults that land on a final-answer turn (no tool call in the undamaged answer).
 """
 
 from __future__ import annotations
@@ -31,8 +45,9 @@ import yaml
 
 from dsml_checker import check, check_raw
 from dsml_checker.formats import EOS, THINK_CLOSE
-from dsml_checker.server_parsers import PARSERS
+from dsml_checker.server_parsers import EMULATION, PARSERS, implementation, parse_as
 from repro.sim.corrupt import OPERATORS, damage
+from repro.sim.damage_classes import CLASSES
 from repro.sim.faults import PARSER_EFFECTS, parser_effect
 from repro.sim.model import answer
 from repro.sim.parser import parse_output
@@ -65,31 +80,68 @@ def _verdicts(raw: str, meant: str, parser: str, tools: list[dict[str, Any]]) ->
     return parsed, crossed, in_raw, parser_effect(clean, got, visible=parsed)
 
 
+_CUTS = frozenset({"truncated", "end_in_closer"})
+"""Generated classes that cut the text as max_tokens does: no damage, left out of the recall total."""
+
+
 def _damaged(op: str, tools: list[dict[str, Any]], count: int, seed: int) -> list[tuple[str, str]]:
-    """`count` (damaged, original) pairs made by operator `op`, from the answers it fits."""
+    """`count` (damaged, original) pairs made by class `op` (a simulator operator's bare name, or a generated
+    class of repro.sim.damage_classes), from the answers it fits."""
     tool = tools[0]["function"]["name"]
+    rng = random.Random(f"{seed}/{op}")
     out = []
     for raw in _answers(tools, seed):
-        reasoning, _, body = raw.partition(THINK_CLOSE)
-        damaged = OPERATORS[op](reasoning, body.removesuffix(EOS), tool)
-        if damaged is not None:
+        if op in OPERATORS:
+            reasoning, _, body = raw.partition(THINK_CLOSE)
+            damaged = OPERATORS[op](reasoning, body.removesuffix(EOS), tool)
+        else:
+            damaged = CLASSES[op](raw, rng)
+        if damaged is not None and damaged != raw:
             out.append((damaged, raw))
             if len(out) == count:
                 return out
     raise AssertionError("unreachable: the answers never end")
 
 
-def injection_weights(tools: list[dict[str, Any]], draws: int, seed: int) -> dict[str, float]:
-    """Each operator's share of the simulator's injections (`damage` over its own answers)."""
+def injection_weights(tools: list[dict[str, Any]], draws: int, seed: int) -> tuple[dict[str, float], float]:
+    """Each operator's share of the simulator's injections (`damage` over its own answers), and the share of
+    those injections that land on a final-answer turn (no call in the undamaged answer)."""
     tool = tools[0]["function"]["name"]
     rng = random.Random(seed)
     counts: collections.Counter[str] = collections.Counter()
+    final = 0
     for raw, _ in zip(_answers(tools, seed + 1), range(draws)):
         counts[damage(raw, rng, tool=tool)[0]] += 1
-    return {op: counts[op] / draws for op in OPERATORS}
+        final += "<｜DSML｜tool_calls>" not in raw
+    return {op: counts[op] / draws for op in OPERATORS}, final / draws
+
+
+def _fields(raw: str, tools: list[dict[str, Any]], *, emulate: bool) -> tuple[Any, ...] | str:
+    try:
+        got = parse_as("sglang-0.5.23", raw, tools=tools, tool_choice="auto", emulate=emulate)
+    except ValueError as err:  # the native parser raised: its answer is the error
+        return f"error: {err}"
+    return got.reasoning, got.content, [c.name for c in got.calls], got.arguments, got.finish_reason
+
+
+def agreement(tools: list[dict[str, Any]], per_op: int, seed: int) -> list[str]:
+    """The Markdown table of the sglang-0.5.23 emulation's agreement with deepseek-recipe, per damage class."""
+    if implementation("sglang-0.5.23") == EMULATION:
+        return ["deepseek-recipe is not installed here: no agreement measured."]
+    lines = ["| damage class | n | agree | agreement |", "|---|---|---|---|"]
+    agree_all = n_all = 0
+    for op in [*OPERATORS, *(c for c in CLASSES if not c.startswith("sim:"))]:
+        pairs = _damaged(op, tools, per_op, seed)
+        agree = sum(_fields(d, tools, emulate=True) == _fields(d, tools, emulate=False) for d, _ in pairs)
+        agree_all, n_all = agree_all + agree, n_all + len(pairs)
+        label = op if op in OPERATORS else f"{op} (generated)"
+        lines.append(f"| {label} | {len(pairs)} | {agree} | {_pct(agree, len(pairs))} |")
+    lines.append(f"| **all** | {n_all} | {agree_all} | **{100 * agree_all / n_all:.1f}%** |")
+    return lines
 
 
 _SHARES = ("parsed", "crossed", "raw", "hidden", "made")
+_GENERATED = ("parsed", "crossed", "raw", "changed", "missed")
 
 
 def _pct(part: float, whole: float) -> str:
@@ -99,22 +151,28 @@ def _pct(part: float, whole: float) -> str:
 def measure(parser: str, tools: list[dict[str, Any]], per_op: int, seed: int,
             weights: dict[str, float]) -> tuple[list[str], dict[str, float]]:
     """The Markdown table of one parser, and its weighted shares (parsed, raw, hidden, made)."""
-    header = ["operator", "weight", "n", "parsed catches", "parsed+raw catches", "raw catches", "hidden", "made",
-              *(e for e in PARSER_EFFECTS if e != "visible")]
+    header = ["damage class", "weight", "n", "parsed catches", "parsed+raw catches", "raw catches", "hidden", "made",
+              *(e for e in PARSER_EFFECTS if e != "visible"), "raw misses"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     total = collections.Counter[str]()
-    for op in OPERATORS:
+    generated = collections.Counter[str]()
+    for op in [*OPERATORS, *(c for c in CLASSES if not c.startswith("sim:"))]:
         tally: collections.Counter[str] = collections.Counter()
         pairs = _damaged(op, tools, per_op, seed)
         for damaged, meant in pairs:
             parsed, crossed, in_raw, effect = _verdicts(damaged, meant, parser, tools)
             tally.update({"parsed": parsed, "crossed": crossed, "raw": in_raw, "hidden": in_raw and not parsed,
-                          "made": parsed and not in_raw, effect: 1})
+                          "made": parsed and not in_raw, effect: 1, "changed": effect != "absorbed",
+                          "missed": effect != "absorbed" and not in_raw})
         n = len(pairs)
-        for key in _SHARES:
-            total[key] += weights[op] * tally[key] / n
-        cells = [op, f"{100 * weights[op]:.1f}%", str(n), *(_pct(tally[k], n) for k in _SHARES),
-                 *(_pct(tally[e], n) for e in PARSER_EFFECTS if e != "visible")]
+        if op in OPERATORS:
+            for key in _SHARES:
+                total[key] += weights[op] * tally[key] / n
+        elif op not in _CUTS:
+            generated.update({key: tally[key] for key in _GENERATED} | {"n": n})
+        weight = f"{100 * weights[op]:.1f}%" if op in OPERATORS else "generated" + (" (a cut)" if op in _CUTS else "")
+        cells = [op, weight, str(n), *(_pct(tally[k], n) for k in _SHARES),
+                 *(_pct(tally[e], n) for e in PARSER_EFFECTS if e != "visible"), f"{tally['missed']}"]
         lines.append("| " + " | ".join(cells) + " |")
     clean = collections.Counter[str]()
     originals = [meant for _, meant in _damaged("repeated_text", tools, per_op, seed)]
@@ -123,9 +181,15 @@ def measure(parser: str, tools: list[dict[str, Any]], per_op: int, seed: int,
         clean.update({"parsed": parsed, "crossed": crossed, "raw": in_raw})
     n = len(originals)
     lines.append(f"| none (clean answers) | – | {n} | " + " | ".join(_pct(clean[k], n) for k in ("parsed", "crossed", "raw"))
-                 + " | – | – |" + " – |" * (len(PARSER_EFFECTS) - 1))
-    lines.append("| **weighted total** | 100% | – | " + " | ".join(f"**{100 * total[k]:.1f}%**" for k in _SHARES)
-                 + " |" * len(PARSER_EFFECTS))
+                 + " | – | – |" + " – |" * len(PARSER_EFFECTS))
+    lines.append("| **weighted total (simulator's operators)** | 100% | – | "
+                 + " | ".join(f"**{100 * total[k]:.1f}%**" for k in _SHARES) + " |" * (len(PARSER_EFFECTS) + 1))
+    g = generated["n"]
+    lines.append(f"| **generated classes, unweighted (cuts aside)** | – | {g} | "
+                 + " | ".join(f"**{_pct(generated[k], g)}**" for k in ("parsed", "crossed", "raw"))
+                 + f" | – | – |{' |' * (len(PARSER_EFFECTS) - 1)} {generated['missed']} |")
+    total.update({f"generated_{k}": generated[k] / g for k in _GENERATED} | {"generated_n": g,
+                 "generated_changed_n": generated["changed"], "generated_missed_n": generated["missed"]})
     return lines, dict(total)
 
 
@@ -137,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="also write the Markdown to this file")
     args = parser.parse_args(argv)
     tools = yaml.safe_load(WORKLOAD.read_text(encoding="utf-8"))["tools"]
-    weights = injection_weights(tools, args.draws, args.seed)
+    weights, final_share = injection_weights(tools, args.draws, args.seed)
     command = "python benchmarks/parser_recall.py" + "".join(
         f" {flag} {value}" for flag, value, default in (("--per-operator", args.per_operator, 150),
                                                          ("--seed", args.seed, 0), ("--draws", args.draws, 4000))
@@ -150,12 +214,29 @@ def main(argv: list[str] | None = None) -> int:
            "what the parser did with the faults the parsed verdict missed (absorbed: output identical to the "
            "undamaged answer's; dropped-call / duplicated: fewer / more calls; truncated: the same calls with "
            "other arguments; altered: the same calls, other reasoning or content).", ""]
-    summary = ["| parser | parsed catches | parsed+raw catches | raw catches | hidden | made |", "|---|---|---|---|---|---|"]
+    summary = ["| parser | code that ran | parsed catches | parsed+raw catches | raw catches | hidden | made |",
+               "|---|---|---|---|---|---|---|"]
+    generated = ["| parser | n | parsed catches | parsed+raw catches | raw catches | output changed | changed, raw clean |",
+                 "|---|---|---|---|---|---|---|"]
     for name in PARSERS:
         lines, total = measure(name, tools, args.per_operator, args.seed, weights)
-        doc += [f"## {name}", "", *lines, ""]
-        summary.append(f"| {name} | " + " | ".join(f"{100 * total[k]:.1f}%" for k in _SHARES) + " |")
-    doc += ["## Weighted totals", "", *summary, ""]
+        doc += [f"## {name} ({implementation(name)})", "", *lines, ""]
+        summary.append(f"| {name} | {implementation(name)} | " + " | ".join(f"{100 * total[k]:.1f}%" for k in _SHARES) + " |")
+        generated.append(f"| {name} | {total['generated_n']:.0f} | " + " | ".join(
+            f"{100 * total[f'generated_{k}']:.1f}%" for k in ("parsed", "crossed", "raw", "changed"))
+            + f" | {total['generated_missed_n']:.0f} of {total['generated_changed_n']:.0f} |")
+    doc += ["## Weighted totals (the simulator's operators, at its injection weights)", "", *summary, "",
+            "## Generated damage, unweighted (cuts by length aside)", "", *generated, "",
+            "## Agreement of the sglang-0.5.23 emulation with deepseek-recipe", "",
+            "Field by field (reasoning, content, call names, exact arguments strings, finish reason). The "
+            "sglang-0.5.23 parse path runs the package itself wherever it is installed, so it agrees on every "
+            "text there; this is the emulation that stands in where it is not.", "",
+            *agreement(tools, args.per_operator, args.seed), "",
+            "## Faults on final-answer turns", "",
+            f"Of {args.draws} faults the simulator injects over its own answers, {100 * final_share:.1f}% land on a "
+            "final-answer turn (the undamaged answer has no tool call): there only the text operators fit "
+            "(repeated text, a leaked invoke, replayed reasoning), and the parsed verdict sees what the parser "
+            "left of them in the content.", ""]
     text = "\n".join(doc)
     sys.stdout.write(text)
     if args.out is not None:

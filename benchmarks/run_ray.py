@@ -20,11 +20,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from rich.console import Console
-
 from bench_client import start_server
 from ray_bench import two_nodes
-from repro.run.runner import RunOptions, ensure_open_files, execute_run
+from rich.console import Console
+
+from repro.procs.limits import ensure_open_files
+from repro.run.options import RunOptions
+from repro.run.runner import execute_run
 from repro.store.rundir import load_run
 
 

@@ -23,9 +23,10 @@ from pathlib import Path
 import numpy as np
 from rich.console import Console
 
-from repro.run.runner import RunOptions, execute_run
-from repro.stats import compare
+from repro.run.options import RunOptions
+from repro.run.runner import execute_run
 from repro.run.stopping import BaselineRule, max_looks, waves_of
+from repro.stats import compare
 from repro.store.rundir import load_run
 
 WAVE = 60

@@ -27,10 +27,10 @@ import time
 from urllib.parse import urlsplit
 
 import httptools
-
 from bench_client import start_server
 from bench_workers import add_stream_options, levels, process_cpu
-from repro.run.runner import ensure_open_files
+
+from repro.procs.limits import ensure_open_files
 
 LAG_INTERVAL_S = 0.010
 

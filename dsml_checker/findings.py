@@ -19,7 +19,7 @@ class Rule(NamedTuple):
 RULES: dict[str, Rule] = {
     # content and reasoning_content (docs/checker-rules.md)
     "sentinel": Rule("hard", "the DSML sentinel ｜DSML｜ appears in text outside a code span or fence"),
-    "sentinel-variant": Rule("hard", "a garbled sentinel (ASCII, doubled or ‖ bars, spaces, other case, misspelt) next to a DSML tag word"),
+    "sentinel-variant": Rule("hard", "a garbled sentinel (ASCII, doubled or ‖ bars, a bar dropped or lost as U+FFFD, spaces, other case, misspelt) next to a DSML tag word"),
     "wrapper-tag": Rule("hard", "a tool-call block opener or closer, exact or misspelled, appears in text"),
     "bare-invoke": Rule("hard", "an invoke opener appears in text with no block opener before it"),
     "orphan-closer": Rule("hard", "a DSML closing tag appears in text without its opening tag"),
@@ -45,7 +45,7 @@ RULES: dict[str, Rule] = {
     "tool-choice-mismatch": Rule("hard", "tool_choice named a function but another function was called"),
     # what today's parsers make of damaged text (docs/parser-recall.md); hard, because each changes what the agent
     # acts on, and each has a clean look-alike kept out by its threshold
-    "duplicate-call": Rule("hard", "the same call (name, equal non-empty arguments) twice in one turn: a re-sent block parsed twice"),
+    "duplicate-call": Rule("hard", "the same call (name, equal arguments, none included) twice in one turn: a re-sent block parsed twice"),
     "reasoning-replayed": Rule("hard", "the content holds the reasoning (whole, 48+ characters, or a cut replay of 200+)"),
     "bare-tool-tags": Rule("hard", "<invoke name=…>/<parameter name=…> without the sentinel, naming the request's tools or parameters"),
     "resent-prefix": Rule("hard", "the text opens with a streaming buffer re-sent growing (Let me checkLet me check the…)"),
@@ -53,6 +53,7 @@ RULES: dict[str, Rule] = {
     "call-lost": Rule("hard", "the raw text shows a complete invoke that the parsed message has no call for"),
     "param-lost": Rule("hard", "a parsed call lacks a parameter that its invoke in the raw text shows"),
     "value-cut": Rule("hard", "a parsed string argument is a cut-short copy of the value the raw text shows (blanks aside)"),
+    "parser-error": Rule("hard", "the server's parser raised on the raw text (run client-side): the server would have failed the turn"),
     # soft (rules 10–11)
     "repetition-loop": Rule("soft", "a short unit repeats in a loop (0000…, repeated n-grams)"),
     "rare-chars": Rule("soft", "a run of replacement, control, private-use or other rare characters"),
@@ -62,9 +63,10 @@ RULES: dict[str, Rule] = {
     # raw text against DeepSeek's reference grammar (check_raw): every departure is hard, since a strict parser
     # rejects the turn and today's lenient ones repair, drop or duplicate calls without a trace
     "raw-eos-early": Rule("hard", "raw: text generated after the end-of-sentence token"),
+    "raw-think-missing": Rule("hard", "raw: thinking mode was on and the complete text has no </think>: the reasoning never ended"),
     "raw-think-replayed": Rule("hard", "raw: a second </think> in the answer: the reasoning replayed after it"),
     "raw-dsml-in-reasoning": Rule("hard", "raw: tool-call markup before </think>: the block emitted while thinking"),
-    "raw-sentinel-garbled": Rule("hard", "raw: a DSML tag with ASCII, doubled or ‖ bars, or spaces, in its sentinel"),
+    "raw-sentinel-garbled": Rule("hard", "raw: a DSML tag with ASCII, doubled or ‖ bars, a bar dropped or lost as U+FFFD, or spaces, in its sentinel"),
     "raw-opener-misspelled": Rule("hard", "raw: the block opener misspelled or foreign (<｜DSML｜toolcalls>, function_calls in V4)"),
     "raw-opener-missing": Rule("hard", "raw: complete invokes with no block opener before them"),
     "raw-bare-invoke": Rule("hard", "raw: an invoke opener outside any block, never closed"),

@@ -207,6 +207,8 @@ def _parse_dsml_strict(text: str, tags: DsmlTags) -> list[ToolCall]:
         args: dict[str, Any] = {}
         if cur.at("\n" + tags.invoke_close):
             cur.pos += 1
+        elif cur.at(tags.invoke_close):
+            pass  # a zero-argument invoke as deepseek-recipe's encoder writes it: no blank line inside
         else:
             while True:
                 param_at = cur.pos

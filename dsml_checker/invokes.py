@@ -97,7 +97,7 @@ class ShownInvoke:
     name: str
     params: frozenset[str]
     text: str
-    strings: tuple[tuple[str, str], ...] = ()  # (name, value) of its string="true" parameters, up to their closer
+    strings: tuple[tuple[str, str], ...] = ()  # (name, value) of its string="true" parameters, up to their last closer
 
 
 def _json_keys(body: str) -> frozenset[str]:
@@ -127,6 +127,7 @@ def shown_invokes(raw: str, *, skip: list[tuple[int, int]] | None = None) -> lis
         params: set[str] = set()
         strings: list[tuple[str, str]] = []
         open_string: tuple[str, int] | None = None  # a string="true" parameter whose value runs from here
+        string_at = -1  # where the value last recorded in `strings` starts
         close = None
         j = i + 1
         while j < len(tags):  # this invoke's own tags, up to the next invoke tag: linear over the whole text
@@ -144,8 +145,14 @@ def shown_invokes(raw: str, *, skip: list[tuple[int, int]] | None = None) -> lis
                     flag = raw[later.end : value_at]
                     open_string = (key, value_at) if value_at and 'string="true"' in flag else None
             elif word == "parameter" and raw.startswith(">", later.end) and open_string is not None:
-                strings.append((open_string[0], raw[open_string[1] : later.start]))
-                open_string = None
+                # The value runs to the last closer before the next tag: a whole closer inside it (which the
+                # encoder cannot escape) ended it early on every parser, and the text past it is still its own.
+                value = (open_string[0], raw[open_string[1] : later.start])
+                if strings and strings[-1][0] == open_string[0] and open_string[1] == string_at:
+                    strings[-1] = value
+                else:
+                    strings.append(value)
+                string_at = open_string[1]
             j += 1
         if raw[head_end - 1] == "/":
             found.append(ShownInvoke(name, frozenset(), raw[tag.start : head_end + 1]))

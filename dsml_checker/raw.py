@@ -5,7 +5,9 @@ then, when there are calls, `\\n\\n<｜DSML｜tool_calls>\\n…\\n</｜DSML｜to
 `<｜end▁of▁sentence｜>`. How the edges are judged:
 
 - end of sentence: optional at the very end (some servers strip it); anything after it is `raw-eos-early`.
-- no `</think>`: a non-thinking turn, the whole text is content. The first `</think>` ends the reasoning; another
+- thinking mode (`thinking=`): on, the text must hold `</think>` (`raw-think-missing` when a complete text has none);
+  off, the whole text is content and any `</think>` in it is replayed reasoning. Unknown (None): a text without
+  `</think>` is taken for a non-thinking turn. The first `</think>` ends the reasoning; another
   one before or after the block is `raw-think-replayed`, even inside a code span (the encoder cannot write one
   there and every reasoning parser cuts at it). Inside a `string="true"` value it is the value's text.
 - `finish_reason="length"` without the end of sentence: the text may stop anywhere, so a tag, marker or block
@@ -41,7 +43,7 @@ from dsml_checker.formats import (
     parse_calls,
 )
 from dsml_checker.invokes import QUOTES, dsml_tags
-from dsml_checker.text_rules import MARKUP_RULES
+from dsml_checker.text_rules import LOST_BAR_RE, MARKUP_RULES
 
 _FIELD = "raw"
 _ODD_QUOTES = QUOTES.replace('"', "")  # in place of the ASCII '"' the grammar wants
@@ -97,7 +99,9 @@ def _known_tag(text: str, at: int, closing: bool, word: str, tags: DsmlTags, *, 
 
 def _garbled_near(text: str, at: int) -> bool:
     window = text[max(0, at - 4) : at + 16]
-    return "|DSML" in window or "DSML|" in window or "｜｜" in window or "‖" in window
+    if "|DSML" in window or "DSML|" in window or "｜｜" in window or "‖" in window:
+        return True
+    return any(SENTINEL not in m.group(0) for m in LOST_BAR_RE.finditer(text, max(0, at - 4), at + 24))
 
 
 def _odd_quote_near(text: str, at: int) -> bool:
@@ -220,7 +224,9 @@ def _judge_block(block: str, at: int, fmt: str, truncated: bool, out: _Out) -> t
         if any(SENTINEL in s for s in _strings(call.arguments)):
             out.add("raw-markup-in-value", at, at + end)
         for key in call.arguments:
-            if '"' in key or "\n" in key or SENTINEL in key:
+            # Blanks or "=" in a parameter name: an attribute pasted into it (`name="q string="true">`), which
+            # SGLang 0.5.23's parser (deepseek-recipe) reads to the first blank, writing invalid JSON.
+            if '"' in key or "\n" in key or SENTINEL in key or "=" in key or " " in key:
                 out.add(_key_rule(key), at, at + end)
     return calls, end
 
@@ -256,12 +262,14 @@ def _structured(calls: list[ToolCall]) -> list[dict[str, Any]]:
 
 @depth_guarded
 def check_raw(
-    raw: str, *, tools: Any = None, tool_choice: Any = None, finish_reason: str | None = None, fmt: str = "v4"
+    raw: str, *, tools: Any = None, tool_choice: Any = None, finish_reason: str | None = None, fmt: str = "v4",
+    thinking: bool | None = None,
 ) -> Verdict:
     """Judge the raw text of one assistant turn against DeepSeek's reference grammar (see the module docstring).
 
     `tools`/`tool_choice` are the request's (OpenAI format), `finish_reason` the server's ("length" means the
-    text may be cut anywhere), `fmt` one of dsml_checker.formats.FORMATS. Never raises on any text.
+    text may be cut anywhere), `fmt` one of dsml_checker.formats.FORMATS, `thinking` the request's thinking
+    mode (None: unknown). Never raises on any text.
     """
     if fmt not in FORMATS:
         raise ValueError(f"unknown DSML format {fmt!r}; expected one of {', '.join(FORMATS)}")
@@ -282,7 +290,9 @@ def check_raw(
         if cut:
             out.add("raw-truncated", len(text) - cut, len(text))
             text = text[: len(text) - cut]
-    think = text.find(THINK_CLOSE)
+    think = text.find(THINK_CLOSE) if thinking is not False else -1
+    if think < 0 and thinking and not truncated:
+        out.add("raw-think-missing", 0, len(text))
     reasoning = None if think < 0 else text[:think]
     body_at = 0 if think < 0 else think + len(THINK_CLOSE)
     found = text.find(marker, body_at)

@@ -29,6 +29,16 @@ _BLANKS_SLASH = r"[ \t]*+(?:/[ \t]*+)?"
 _VARIANT_RE = re.compile(
     rf"{_SENT}[ \t]*(?:tool_calls|function_calls|toolcalls|tool_use|invoke|invoca|parameter|calls|tool)", re.I
 )
+# A tag whose sentinel lost a bar, or a bar's bytes at a token boundary (left as U+FFFD, or nothing):
+# `<DSML｜tool_calls>`, `</｜DSMLinvoke>`, `<\ufffdDSML｜invoke`. The "<" and the tag word right after keep prose
+# that names DSML (`the DSML invoke tag`, `<DSML>`) clean.
+_LOST_BAR = r"(?:｜｜|\|\||[｜|‖]|\ufffd{1,3}|)"
+# Bytes lost at a boundary add no blanks, so none may stand inside the tag but V4.1's one before its word.
+LOST_BAR_RE = re.compile(
+    rf"</?{_LOST_BAR}{_DSML}{_LOST_BAR} ?(?:tool_calls|function_calls|toolcalls|tool_use|invoke|invoca|parameter|calls|tool)",
+    re.I,
+)
+_LOST_BAR_REACH = 5  # how far before "dsml" its tag's "<" may stand: "</" and three U+FFFD
 # A DSML-ish tag: closing slash, tag word, attributes up to the tag's end, and its ">" when present.
 # A tag whose sentinel itself is garbled (<｜DSLM｜invoke, <|DMSL|tool_calls>): a short word between bars.
 _GARBLED_TAG_RE = re.compile(
@@ -190,13 +200,9 @@ class _Collector:
         return rule != "quoted-dsml"
 
 
-def _variants(text: str, lowered: bytes) -> Iterator[re.Match[str]]:
-    """What `_VARIANT_RE.finditer(text)` yields, tried only where the sentinel's word is spelt.
-
-    The pattern cannot open with a literal, so a scan by it steps through every character; the word is found
-    in `lowered` (the text as UTF-8, ASCII-lowered) instead, and the pattern is matched where its bar must
-    begin. Under re.I, [sS] also matches "ſ", hence the second spelling.
-    """
+def _dsml_words(text: str, lowered: bytes) -> list[int]:
+    """Where the sentinel's word "dsml" is spelt in `text` (character offsets), found in `lowered` (the text as
+    UTF-8, ASCII-lowered). Under re.I, [sS] also matches "ſ", hence the second spelling."""
     found = []
     for word in _DSML_WORDS:
         at = lowered.find(word)
@@ -210,8 +216,17 @@ def _variants(text: str, lowered: bytes) -> Iterator[re.Match[str]]:
         for i, at in enumerate(found):
             chars += len(lowered[last:at].decode("utf-8", "surrogatepass"))
             found[i], last = chars, at
+    return found
+
+
+def _variants(text: str, words: list[int]) -> Iterator[re.Match[str]]:
+    """What `_VARIANT_RE.finditer(text)` yields, tried only where the sentinel's word is spelt (`words`).
+
+    The pattern cannot open with a literal, so a scan by it steps through every character; it is matched
+    where its bar must begin instead.
+    """
     done = 0  # finditer's matches do not overlap: none may start before the previous one ended
-    for at in found:
+    for at in words:
         # Back over the blanks before the word (not text[:at].rstrip: a copy of the prefix per word is quadratic).
         bar_end = at
         while bar_end and text[bar_end - 1] in " \t":
@@ -226,6 +241,17 @@ def _variants(text: str, lowered: bytes) -> Iterator[re.Match[str]]:
                     break
 
 
+def _lost_bars(text: str, words: list[int]) -> Iterator[re.Match[str]]:
+    """Tags whose sentinel lost a bar (`LOST_BAR_RE`), tried from the "<" just before each spelt word; the
+    canonical sentinel (`<｜DSML｜`, `</｜DSML｜`) is not one."""
+    for at in words:
+        lt = text.rfind("<", max(0, at - _LOST_BAR_REACH), at)
+        if lt >= 0:
+            m = LOST_BAR_RE.match(text, lt)
+            if m is not None and SENTINEL not in m.group(0):
+                yield m
+
+
 def _scan_dsml(text: str, lowered: bytes, dsml_count: int, out: _Collector) -> None:
     at = text.find(SENTINEL)
     while at >= 0:
@@ -235,8 +261,12 @@ def _scan_dsml(text: str, lowered: bytes, dsml_count: int, out: _Collector) -> N
     # A variant needs a "dsml" outside every canonical sentinel, or doubled bars around one; checking that
     # first spares ordinary leaks the slow scan.
     if dsml_count > text.count(SENTINEL) or "｜｜" in text:
-        for m in _variants(text, lowered):
+        words = _dsml_words(text, lowered)
+        for m in _variants(text, words):
             if not m.group(0).startswith(SENTINEL) and out.add("sentinel-variant", m.start(), m.end()):
+                break
+        for m in _lost_bars(text, words):
+            if out.add("sentinel-variant", m.start(), m.end()):
                 break
     _scan_tags(text, out)
 

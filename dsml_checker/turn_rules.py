@@ -61,13 +61,14 @@ def call_list(calls: Any) -> list[tuple[str, dict[str, Any] | None]]:
 
 
 def duplicate_call(calls: list[tuple[str, dict[str, Any] | None]]) -> Finding | None:
-    """The same name with equal, non-empty arguments twice in one turn: a re-sent buffer parsed twice.
+    """The same name with equal arguments twice in one turn: a re-sent buffer parsed twice.
 
-    Zero-argument calls repeat legitimately (poll a clock, roll a die) and are not compared.
+    Zero-argument calls count too: a re-sent block duplicates them like any other, and a model that means to
+    call one twice gets the same answer twice. Arguments that do not parse are not compared.
     """
     seen: set[str] = set()
     for i, (name, args) in enumerate(calls):
-        if not args:
+        if args is None:
             continue
         key = json.dumps([name, _canonical(args)], sort_keys=True, default=str)
         if key in seen:

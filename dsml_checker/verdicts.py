@@ -54,12 +54,14 @@ def judge_turn(
     tools: Any = None,
     tool_choice: Any = None,
     fmt: str = "v4",
+    thinking: bool | None = None,
 ) -> TurnVerdicts:
     """The three verdicts of one turn (module docstring); any message or text is judged, never raised on
-    (ValueError only for an unknown `fmt`)."""
+    (ValueError only for an unknown `fmt`). `thinking` is the request's thinking mode (None: unknown)."""
     seen = check(message, finish_reason=finish_reason, tools=tools, tool_choice=tool_choice, raw=raw)
     parsed = Verdict.of(tuple(f for f in seen.findings if f.rule not in CROSS_RULES))
     lost = Verdict.of(tuple(f for f in seen.findings if f.rule in CROSS_RULES))
     return TurnVerdicts(
-        parsed, check_raw(raw, tools=tools, tool_choice=tool_choice, finish_reason=finish_reason, fmt=fmt), lost
+        parsed, check_raw(raw, tools=tools, tool_choice=tool_choice, finish_reason=finish_reason, fmt=fmt,
+                          thinking=thinking), lost
     )

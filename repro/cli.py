@@ -5,14 +5,12 @@ from __future__ import annotations
 import atexit
 import gc
 import os
-import sys
-import traceback
 from pathlib import Path
 
 import typer
 
 from repro import __version__
-from repro.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, ReproError, UsageError, handle_interrupts, is_interrupt
+from repro.errors import UsageError, run_main
 
 app = typer.Typer(
     name="repro",
@@ -162,12 +160,16 @@ def run_command(
     worker_resources: str | None = typer.Option(
         None, "--worker-resources", help='With --executor ray: Ray resources per worker, {"CPU": 1} (default) or a list, one per worker.'
     ),
+    pressure: str | None = typer.Option(
+        None, "--pressure", help="auto (or a factor): size each session's own prefix so the sessions at once hold 2 (or FACTOR) device KV pools: evictions and host-tier load-backs."
+    ),
     config: Path | None = typer.Option(None, "--config", help="YAML file of these options; the command line wins."),
     report: bool = typer.Option(True, "--report/--no-report", help="Render report.html (default: yes; `repro report` renders it later)."),
 ) -> None:
     """Drive a deployment with concurrent agentic sessions and classify each as clean, corrupt, timeout or error."""
     overrides = {key: value for key, value in locals().items() if key not in ("config", "report")}
-    from repro.run.runner import RunOptions, execute_run
+    from repro.run.options import RunOptions
+    from repro.run.runner import execute_run
 
     result = execute_run(RunOptions.from_sources(config, overrides), report=report)
     raise typer.Exit(result.exit_code)
@@ -255,6 +257,21 @@ def export_command(
     write(render(load_run(run_dir), fmt), output)  # type: ignore[arg-type]
 
 
+@app.command("reanalyse")
+def reanalyse_command(
+    matrix_dir: Path = typer.Argument(..., help="A matrix directory, recorded by this or any earlier repro."),
+    out: Path | None = typer.Option(None, "--out", help="Where to write (default: MATRIX_DIR/reanalysis/)."),
+) -> None:
+    """Apply this version's analysis to a matrix's finished cells, without rerunning any."""
+    from repro.matrix.reanalyse import reanalyse
+
+    analysis, target, version = reanalyse(matrix_dir, out)
+    typer.echo(analysis.verdict or "No finished cells: no verdict.")
+    made_by = f"repro {version}" if version else "an earlier repro"
+    typer.echo(f"reanalyse: cells recorded by {made_by}, analysed by repro {__version__}: {target} "
+               "(matrix.json, report.html)")
+
+
 @app.command("schema")
 def schema_command(
     name: str | None = typer.Argument(None, help="Schema to print: run, workload, trace, matrix, manifest, session, summary, …"),
@@ -279,8 +296,10 @@ def trace_convert(
     output: Path = typer.Option(..., "--output", "-o", help="The trace file to write (.jsonl)."),
 ) -> None:
     """Rebuild the conversations of an OpenAI request/response log as a trace file."""
+    from repro.store.rundir import check_output
     from repro.workload.convert import convert
 
+    check_output(output, [log], "trace convert --output")
     calls, conversations = convert(log, output)
     typer.echo(f"trace convert: {calls} calls, {conversations} conversations: wrote {output}")
 
@@ -298,48 +317,10 @@ def sim_serve(ctx: typer.Context) -> None:
     serve(parse_flags(ctx.args))
 
 
-def _from_keyboard_interrupt(err: BaseException) -> bool:
-    """Whether a KeyboardInterrupt lies in the chain of exceptions that `err` was raised from or during."""
-    seen: set[int] = set()
-    cause: BaseException | None = err
-    while cause is not None and id(cause) not in seen:
-        if isinstance(cause, KeyboardInterrupt):
-            return True
-        seen.add(id(cause))
-        cause = cause.__cause__ or cause.__context__
-    return False
-
-
 def main() -> None:
-    """Console entry point: ReproError becomes one line on stderr and its exit code, never a traceback.
-
-    Anything else is a bug: one line and EXIT_INTERNAL, never 0 or 1, which a CI gate or `git bisect
-    run` would read as a verdict. REPRO_DEBUG=1 prints the traceback too.
-    """
-    handle_interrupts()
+    """Console entry point (errors and exit codes: repro.errors.run_main)."""
     # Run last at exit: the interpreter's final collection would walk every object of every loaded
     # module (a third of a second once the report's libraries are in) only to free memory that the
     # process hands back to the system anyway. Files and processes are closed before, by their owners.
     atexit.register(gc.freeze)
-    try:
-        app()
-    except ReproError as err:
-        typer.echo(f"repro: error: {err}", err=True)
-        sys.exit(err.exit_code)
-    except BaseException as err:
-        if isinstance(err, SystemExit):
-            if err.code == EXIT_INTERRUPTED and _from_keyboard_interrupt(err):
-                # typer turns a KeyboardInterrupt that reached it into a silent Exit(130)
-                typer.echo("repro: interrupted", err=True)
-            raise
-        if is_interrupt(err):
-            typer.echo("repro: interrupted", err=True)
-            sys.exit(EXIT_INTERRUPTED)
-        if os.environ.get("REPRO_DEBUG"):
-            traceback.print_exc()
-        detail = str(err).splitlines()[0] if str(err) else ""
-        typer.echo(
-            f"repro: internal error (a bug; REPRO_DEBUG=1 shows the traceback): {type(err).__name__}: {detail}",
-            err=True,
-        )
-        sys.exit(EXIT_INTERNAL)
+    run_main(app)

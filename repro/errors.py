@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
+import traceback
 from pathlib import Path
 from types import FrameType
 from typing import Any, Callable, Iterator
@@ -224,3 +226,47 @@ def yaml_lines(text: str, loader: type[yaml.SafeLoader] = yaml.SafeLoader) -> di
         lines[()] = root.start_mark.line + 1
         walk(root, ())
     return lines
+
+
+def _from_keyboard_interrupt(err: BaseException) -> bool:
+    """Whether a KeyboardInterrupt lies in the chain of exceptions that `err` was raised from or during."""
+    seen: set[int] = set()
+    cause: BaseException | None = err
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, KeyboardInterrupt):
+            return True
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return False
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def run_main(entry: Callable[[], object]) -> None:
+    """A console entry point: ReproError becomes one line on stderr and its exit code, never a traceback.
+
+    Anything else is a bug: one line and EXIT_INTERNAL, never 0 or 1, which a CI gate or `git bisect
+    run` would read as a verdict. REPRO_DEBUG=1 prints the traceback too.
+    """
+    handle_interrupts()
+    try:
+        entry()
+    except ReproError as err:
+        _say(f"repro: error: {err}")
+        sys.exit(err.exit_code)
+    except BaseException as err:
+        if isinstance(err, SystemExit):
+            if err.code == EXIT_INTERRUPTED and _from_keyboard_interrupt(err):
+                # typer turns a KeyboardInterrupt that reached it into a silent Exit(130)
+                _say("repro: interrupted")
+            raise
+        if is_interrupt(err):
+            _say("repro: interrupted")
+            sys.exit(EXIT_INTERRUPTED)
+        if os.environ.get("REPRO_DEBUG"):
+            traceback.print_exc()
+        detail = str(err).splitlines()[0] if str(err) else ""
+        _say(f"repro: internal error (a bug; REPRO_DEBUG=1 shows the traceback): {type(err).__name__}: {detail}")
+        sys.exit(EXIT_INTERNAL)

@@ -16,6 +16,13 @@ from typing import Any, Callable
 from pydantic import TypeAdapter
 
 from repro.errors import UsageError
+from repro.matrix.analysis import CellRun
+from repro.matrix.analysis import MatrixAnalysis
+from repro.matrix.plan import Plan
+from repro.matrix.spec import LOAD_NOT_IN_MATRIX, LOAD_SET_BY_MATRIX, MatrixSpec
+from repro.run.metrics import HEADER
+from repro.workload.scenario import Workload
+from repro.workload.trace import Conversation
 
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
 
@@ -40,7 +47,6 @@ def _model(target: Any) -> Callable[[], dict[str, Any]]:
 
 
 def _matrix_spec() -> dict[str, Any]:
-    from repro.matrix.spec import LOAD_NOT_IN_MATRIX, LOAD_SET_BY_MATRIX, MatrixSpec
     from repro.run.runner import RunOptions
 
     schema = TypeAdapter(MatrixSpec).json_schema(mode="validation")
@@ -62,14 +68,10 @@ def _run_options() -> dict[str, Any]:
 
 
 def _workload() -> dict[str, Any]:
-    from repro.workload.scenario import Workload
-
     return TypeAdapter(Workload).json_schema(mode="validation")
 
 
 def _trace() -> dict[str, Any]:
-    from repro.workload.trace import Conversation
-
     return TypeAdapter(Conversation).json_schema(mode="validation")
 
 
@@ -83,26 +85,18 @@ def _records(name: str) -> Callable[[], dict[str, Any]]:
 
 
 def _matrix_result() -> dict[str, Any]:
-    from repro.matrix.analysis import MatrixAnalysis
-
     return _model(MatrixAnalysis)()
 
 
 def _progress() -> dict[str, Any]:
-    from repro.matrix.analysis import CellRun
-
     return _model(CellRun)()
 
 
 def _plan() -> dict[str, Any]:
-    from repro.matrix.plan import Plan
-
     return _model(Plan)()
 
 
 def _metrics_row() -> dict[str, Any]:
-    from repro.run.metrics import HEADER
-
     types = {"elapsed_s": "number", "metric": "string", "labels": "string", "value": "number"}
     assert tuple(types) == HEADER, "metrics.csv's columns changed: describe the new ones here"
     return {
@@ -194,12 +188,16 @@ def render(name: str) -> str:
 
 def write_all(directory: Path) -> list[Path]:
     """Write every schema to DIRECTORY/<name>.json and the field reference to DIRECTORY/../formats.md."""
+    from repro.store.rundir import check_output
+
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise UsageError(f"schema --write {directory}: cannot create: {err.strerror or err}") from None
     files = {directory / f"{name}.json": render(name) for name in SCHEMAS}
     files[directory.parent / FORMATS_PAGE] = markdown()
+    for path in files:
+        check_output(path, [], "schema --write")
     for path, text in files.items():
         try:
             path.write_text(text, encoding="utf-8")

@@ -4,7 +4,8 @@
 ValueError like any other bad JSON, never a RecursionError that unwinds the task group, and what it
 returns is nested shallowly enough for `str`, `json.dumps` and pydantic to handle anywhere.
 `scrub_surrogates` makes a string encodable as UTF-8: JSON may escape lone surrogates (`"\\ud800"`),
-which no UTF-8 file can hold.
+which no UTF-8 file can hold. `csv_cell` keeps a spreadsheet from reading a cell as a formula;
+`printable` keeps a terminal from obeying escape sequences.
 """
 
 from __future__ import annotations
@@ -133,3 +134,26 @@ def get_bounded(client: httpx.Client, url: str, *, max_bytes: int, timeout_s: fl
             if len(body) > max_bytes or time.monotonic() > deadline:
                 raise ValueError(f"the answer did not end within {max_bytes} bytes and {timeout_s:g}s")
         return response.status_code, bytes(body)
+
+
+_FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r", "\n", "\uff1d", "\uff0b", "\uff0d", "\uff20")
+"""What makes a spreadsheet read a cell as a formula (the full-width forms too, which some convert)."""
+
+
+def csv_cell(value: Any) -> Any:
+    """A CSV cell that a spreadsheet shows as text: a string that would start a formula gets a leading `'`
+    (the OWASP advice; the quote shows, the formula does not run). Anything else is returned as it is."""
+    if isinstance(value, str) and value.startswith(_FORMULA_STARTS):
+        return "'" + value
+    return value
+
+
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+"""C0 and C1 controls (ESC starts a terminal's escape sequences, CSI is one character in C1), DEL, and the
+Unicode line and paragraph separators."""
+
+
+def printable(text: str) -> str:
+    """`text` with every control character replaced by U+FFFD: shown on a terminal or in Markdown, it can
+    neither move the cursor, recolour, retitle the window, nor break a line."""
+    return _CONTROL.sub(REPLACEMENT, text)

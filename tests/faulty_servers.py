@@ -31,6 +31,8 @@ connection is routed by its first request, so keep one mode per client connectio
 - `huge-loop`: the first turn's tool-call arguments are a 2 MB repetition loop (never closed).
 - `endless-side`: good completions, but `/server_info` and `/metrics` answer an endless body.
 - `raw-malformed`, `raw-reset`: as `malformed` and `reset` (the reset is a TCP RST).
+- `cancelled`: the first turn's stream is the role chunk and `[DONE]`, no finish_reason (a stream
+  cancelled in flight, closed properly); later turns are good.
 - `chaos`: each session gets `CHAOS[session % len(CHAOS)]`, the session read from its task's ticket
   (`REPRO-<seed>-<session>`), so a test knows which session met which fault.
 
@@ -365,7 +367,7 @@ async def health(request: Request) -> Response:
 
 CHAOS = (
     "good", "deep", "deep-args", "surrogate", "comments", "early-hints", "redirect", "drip-headers",
-    "huge-loop", "raw-malformed", "raw-reset",
+    "huge-loop", "raw-malformed", "raw-reset", "cancelled",
 )
 """The faults of the `chaos` mode, by session id modulo its length."""
 _TICKET = re.compile(r"REPRO-\d+-(\d+)")
@@ -508,6 +510,9 @@ class RawFaults:
             chunks, whole = _with_arguments(body, '{"path": "' + "src/a.py src/a.py " * 120_000)
         elif mode == "surrogate" and first:
             chunks, whole = _surrogate_answer()
+        elif mode == "cancelled" and first:
+            # The stream cancelled in flight, closed properly: the role chunk, then [DONE] (llama.cpp does this).
+            chunks = [_chunk(cid, {"role": "assistant", "content": ""})]
         if not stream:
             answer = {"id": cid, "object": "chat.completion", "model": MODEL, "choices": [{"index": 0, **whole}]}
             writer.write(_json_response(json.dumps(answer).encode()))

@@ -16,7 +16,11 @@ import pytest
 from rich.console import Console
 
 from repro.cli import main
+from repro.run.finish import RunResult
+from repro.run.runner import execute_run
+from repro.run.options import RunOptions
 from repro.store.records import (
+    Exercise,
     FindingRecord,
     Manifest,
     RateEstimate,
@@ -24,8 +28,7 @@ from repro.store.records import (
     Summary,
     TurnRecord,
 )
-from repro.run.runner import RunOptions, RunResult, execute_run
-from repro.store.rundir import RunWriter, load_run
+from repro.store.rundir import Run, RunWriter, load_run
 
 SENTINEL = "｜DSML｜"
 LEAK = f'Let me check.\n\n<{SENTINEL}tool_calls>\n<{SENTINEL}invoke name="get_weather">'
@@ -57,6 +60,7 @@ def make_run(
     metrics: str | None = None,
     summary: bool = True,
     task: str = "weather",
+    exercised: Exercise | None = None,
 ) -> Path:
     """Write a run directory with the given outcome counts; corrupt sessions carry `leak` in turn 1's content."""
     writer = RunWriter(path)
@@ -116,6 +120,7 @@ def make_run(
             corruption_rate=RateEstimate(k=corrupt, n=n, estimate=corrupt / n if n else None, ci_low=0.0,
                                          ci_high=1.0, method="clopper-pearson"),
             duration_s=0.5 * len(outcomes) + 3.0,
+            exercised=exercised,
         ))
     writer.close()
     if metrics is not None:
@@ -162,3 +167,16 @@ def assert_every_shard_cut_short(out: Path, planned: int) -> None:
     assert "interrupted" in outcomes and len(outcomes) < planned
     assert {s.session_id % 2 for s in loaded.sessions if s.outcome == "interrupted"} == {0, 1}
     assert len({s.session_id for s in loaded.sessions}) == len(outcomes)
+
+
+def assert_worker_1_lost(out: Path) -> Run:
+    """A 2-worker run of 8 sessions whose worker 1 was lost with every session in flight: its sessions (odd
+    ids) are errors naming it, worker 0's finished clean, and the run is interrupted and inconclusive."""
+    loaded = load_run(out)
+    by_id = {s.session_id: s for s in loaded.sessions}
+    assert sorted(by_id) == list(range(8))
+    assert all(by_id[i].outcome == "error" and "worker 1" in (by_id[i].error or "") for i in (1, 3, 5, 7))
+    assert all(by_id[i].outcome == "clean" for i in (0, 2, 4, 6))
+    assert loaded.summary is not None and loaded.summary.interrupted and loaded.summary.inconclusive
+    return loaded
+

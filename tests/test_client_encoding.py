@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from repro.wire.client import BodyEncoder, _Clock, _SSEReader
+from repro.wire.client import BodyEncoder, _Clock, _Failure, _SSEReader
+from repro.wire.rawtext import CompletionText, GenerateText
 
 PLAIN = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 TOOLS = [{"type": "function", "function": {"name": "read_file", "parameters": {"type": "object"}}}]
@@ -74,3 +76,24 @@ def test_a_stream_reads_the_same_whole_or_in_any_pieces(crlf: bool, space: bool,
     bounds = sorted({min(cut, len(stream)) for cut in cuts} | {0, len(stream)})
     assert read([stream[a:b] for a, b in zip(bounds, bounds[1:])]) == whole_events
     assert read([stream[i : i + 1] for i in range(len(stream))]) == whole_events
+
+
+@pytest.mark.parametrize(
+    ("make", "events", "whole"),
+    [
+        (CompletionText, [{"choices": [{"index": 0, "text": "Hi", "finish_reason": None}]}], False),
+        (CompletionText, [{"choices": [{"index": 0, "text": "Hi", "finish_reason": "stop"}]}], True),
+        (GenerateText, [{"text": "Hi", "meta_info": {"finish_reason": None}}], False),
+        (GenerateText, [{"text": "Hi", "meta_info": {"finish_reason": {"type": "stop"}}}], True),
+    ],
+)
+def test_a_raw_text_stream_needs_its_finish_reason_too(make: Any, events: list[dict[str, Any]], whole: bool) -> None:
+    reader = _SSEReader(_Clock(), make())
+    for event in events:
+        reader.feed(b"data: " + json.dumps(event).encode() + b"\n\n")
+    reader.feed(b"data: [DONE]\n\n")
+    if whole:
+        reader.finish()
+    else:
+        with pytest.raises(_Failure, match="^stream ended without a finish reason$"):
+            reader.finish()

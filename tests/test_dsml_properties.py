@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from dsml_checker import DSMLParseError, ToolCall, check, parse_calls, render_calls, render_completion, split_completion
-from dsml_checker.formats import DSML_FORMATS, THINK_CLOSE, to_json
+from dsml_checker.formats import DSML_FORMATS, SENTINEL, THINK_CLOSE, to_json
 from dsml_checker.schema import json_equal
 
 SETTINGS = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -31,6 +31,8 @@ tool_calls = st.lists(st.builds(ToolCall, names, arguments), min_size=1, max_siz
 dsml_formats = st.sampled_from(["v4", "v32", "v41"])
 all_formats = st.sampled_from(["v4", "v32", "v41", "v3", "v31"])
 prose = st.text(st.sampled_from(list("abcdefghij klmnop,.!?\n")), max_size=60)
+# The sentinel with a bar dropped, or a bar's bytes lost at a token boundary (U+FFFD, or nothing at all).
+LOST_BARS = ["DSML｜", "｜DSML", "\ufffdDSML｜", "｜DSML\ufffd", "\ufffd\ufffd\ufffdDSML｜", "DSML", "\ufffdDSML\ufffd"]
 
 
 @SETTINGS
@@ -105,7 +107,7 @@ def corrupted(draw: st.DrawFn) -> tuple[str, dict[str, Any]]:
     fmt = draw(dsml_formats)
     preamble = draw(prose)
     block = render_calls(calls, fmt)
-    op = draw(st.sampled_from(["as-is", "drop", "duplicate", "misspell", "bar", "truncate", "reasoning"]))
+    op = draw(st.sampled_from(["as-is", "drop", "duplicate", "misspell", "bar", "lost-bar", "truncate", "reasoning"]))
     if op in ("drop", "duplicate", "misspell"):
         start, end = draw(st.sampled_from(_piece_spans(block)))
         piece = block[start:end]
@@ -118,6 +120,9 @@ def corrupted(draw: st.DrawFn) -> tuple[str, dict[str, Any]]:
             block = block[:start] + piece[:i] + draw(st.sampled_from(["", "x", piece[i] * 2])) + piece[i + 1 :] + block[end:]
     elif op == "bar":
         block = block.replace("｜", draw(st.sampled_from(["|", "‖", "｜｜", "||", " | "])))
+    elif op == "lost-bar":
+        # Every sentinel loses a bar, or a bar's bytes at a token boundary: no canonical sentinel is left.
+        block = block.replace(SENTINEL, draw(st.sampled_from(LOST_BARS)))
     elif op == "truncate":
         # Any cut after the first two characters of the opener (a bare "<" is ordinary prose).
         block = block[: draw(st.integers(2, len(block)))]
@@ -186,3 +191,16 @@ def test_tolerant_mode_reads_the_shapes_sglang_accepts(calls: list[ToolCall], fm
     except DSMLParseError:
         return
     assert strict == calls  # loosened so little that the strict grammar still holds
+
+
+_MENTIONS = ["DSML", "dsml", "DSML｜", "｜DSML", "\ufffdDSML", "<DSML>", "<b>DSML</b>", "<DSML-lite", "DSML-like"]
+_WORDS = ["invoke", "parameter", "tool_calls", "calls", "tool", "the", "format", " ", "\n", "<", ">", "a < b", "&"]
+
+
+@SETTINGS
+@given(pieces=st.lists(st.sampled_from(_MENTIONS + _WORDS), max_size=12), head=prose)
+def test_prose_naming_dsml_near_tag_words_is_not_a_lost_bar(pieces: list[str], head: str) -> None:
+    """Clean look-alikes of a sentinel that lost a bar: DSML named in prose, beside the tag words, but never
+    as a tag: no "<" right before it with a tag word right after."""
+    text = head + " ".join(pieces)
+    assert "sentinel-variant" not in check({"role": "assistant", "content": text}, finish_reason="stop").rules

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from dsml_checker import RULES, ToolCall, check_raw, render_completion
-from dsml_checker.formats import EOS, THINK_CLOSE
+from dsml_checker import RULES, ToolCall, check, check_raw, render_completion
+from dsml_checker.formats import EOS, SENTINEL, THINK_CLOSE
 from repro.sim.corrupt import OPERATORS
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -83,6 +83,30 @@ def test_a_clean_render_cut_anywhere_by_length_is_clean(turn: tuple[str | None, 
     verdict = check_raw(cut, tools=tools_for(calls) or None, tool_choice="required" if calls else None, finish_reason="length", fmt=fmt)
     assert verdict.label == "clean", (cut, verdict.to_dict())
     assert set(verdict.rules) <= {"raw-truncated"}
+
+
+# The sentinel with a bar dropped, or a bar's bytes lost at a token boundary (U+FFFD, or nothing at all): what
+# a real streaming detokeniser produced when a character was split across tokens.
+LOST_BARS = ["DSML｜", "｜DSML", "\ufffdDSML｜", "｜DSML\ufffd", "\ufffd\ufffd\ufffdDSML｜", "DSML"]
+
+
+@SETTINGS
+@given(turn=turns(thinking=True), fmt=st.sampled_from(["v4", "v32", "v41"]), data=st.data())
+def test_a_sentinel_that_lost_a_bar_is_flagged_raw_and_parsed(turn: tuple[str | None, str, list[ToolCall]], fmt: str,
+                                                              data: st.DataObject) -> None:
+    reasoning, content, calls = turn
+    assume(calls)
+    raw = render_completion(reasoning=reasoning, content=content, calls=calls, fmt=fmt)
+    sites = [i for i in range(len(raw)) if raw.startswith(SENTINEL, i)]
+    lost = data.draw(st.sampled_from(LOST_BARS))
+    at = data.draw(st.sampled_from(sites))
+    damaged = raw[:at] + lost + raw[at + len(SENTINEL) :]
+    verdict = check_raw(damaged, tools=tools_for(calls), finish_reason="tool_calls", fmt=fmt)
+    assert verdict.label == "corrupt", (damaged, verdict.to_dict())
+    # Every sentinel damaged so: a server that read none of the markup returns it all as content.
+    everywhere = raw.replace(SENTINEL, lost).partition(THINK_CLOSE)[2].removesuffix(EOS)
+    parsed = check({"role": "assistant", "content": everywhere}, finish_reason="stop", tools=tools_for(calls))
+    assert "sentinel-variant" in parsed.rules, (everywhere, parsed.to_dict())
 
 
 def _damaged(raw: str, op: str, tool: str) -> str | None:
@@ -155,6 +179,13 @@ def _raw(text: str, finish: str | None = "stop", **kw: Any) -> dict[str, Any]:
 # rule -> (raw texts that must fire it, clean look-alikes that must not)
 RAW_CASES: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {
     "raw-eos-early": ([_raw(GOOD + "again"), _raw(ANSWER.replace(EOS, EOS + " Hello"))], [_raw(GOOD), _raw(GOOD.removesuffix(EOS))]),
+    # A missing </think> is judged only when the request's thinking mode is known to be on.
+    "raw-think-missing": (
+        [_raw(ANSWER.split(THINK_CLOSE)[1], thinking=True), _raw(GOOD.replace(THINK_CLOSE, "\n"), thinking=True),
+         _raw(GOOD.replace(THINK_CLOSE, ""), finish=None, thinking=True)],
+        [_raw(ANSWER, thinking=True), _raw(ANSWER.split(THINK_CLOSE)[1]), _raw(ANSWER.split(THINK_CLOSE)[1], thinking=False),
+         _raw("The user greets me and I", finish="length", thinking=True)],
+    ),
     "raw-think-replayed": (
         [_raw(ANSWER.replace(EOS, THINK_CLOSE + "The user greets me." + EOS)), _raw(GOOD.replace(EOS, THINK_CLOSE + EOS)),
          _raw(ANSWER.replace("Hello!", "Use `</think>` to end."))],
@@ -235,8 +266,11 @@ RAW_CASES: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {
     ),
     "raw-tag-grammar": (
         [_raw(GOOD.replace("</｜DSML｜parameter>\n<", "</｜DSML｜parameter>\n\n<")), _raw(GOOD.replace('<｜DSML｜invoke name="', '<｜DSML｜invoke  name="')),
-         _raw(GOOD.replace("<｜DSML｜tool_calls>\n<", "<｜DSML｜tool_calls>\n\n<"))],
-        [_raw(GOOD), _raw(render_completion(reasoning="r", content="x", calls=[ToolCall("submit", {})]))],
+         _raw(GOOD.replace("<｜DSML｜tool_calls>\n<", "<｜DSML｜tool_calls>\n\n<")),
+         # an attribute pasted into a parameter name, which deepseek-recipe reads to its first blank
+         _raw(GOOD.replace('name="city"', 'name="c string=ity"')), _raw(GOOD.replace('name="days"', 'name="d xays"'))],
+        [_raw(GOOD), _raw(render_completion(reasoning="r", content="x", calls=[ToolCall("submit", {})])),
+         _raw(render_completion(reasoning="r", content="x", calls=[ToolCall("get_weather", {"city": "a b=c", "days": 1})]))],
     ),
     "raw-truncated": (
         [_raw(GOOD.removesuffix(EOS)[:-10], "length"), _raw(GOOD[:24], "length"), _raw(ANSWER[:-len(EOS) - 2] + "\n\n<｜DS", "length")],
@@ -251,7 +285,7 @@ MISSES = [(rule, i, case) for rule, (_, negative) in RAW_CASES.items() for i, ca
 
 def judge(case: dict[str, Any]) -> Any:
     return check_raw(case["raw"], tools=case.get("tools", TOOLS), tool_choice=case.get("tool_choice"),
-                     finish_reason=case["finish_reason"], fmt=case.get("fmt", "v4"))
+                     finish_reason=case["finish_reason"], fmt=case.get("fmt", "v4"), thinking=case.get("thinking"))
 
 
 def test_every_raw_rule_has_cases() -> None:

@@ -64,9 +64,13 @@ CASES: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {
     ),
     "sentinel-variant": (
         [text('<|DSML|invoke name="get_weather">'), text("<｜｜DSML｜｜tool_calls>"), text("< | DSML | tool_use>"),
-         text("<‖DSML‖parameter"), text("<｜dsml｜invoca"), text('<｜DSLM｜invoke name="f">'), text("</|DMSL|tool_calls>")],
+         text("<‖DSML‖parameter"), text("<｜dsml｜invoca"), text('<｜DSLM｜invoke name="f">'), text("</|DMSL|tool_calls>"),
+         # a bar dropped, or its bytes lost at a token boundary (U+FFFD or nothing), as a streaming detokeniser did
+         text("Let me check.\n\n<DSML｜tool_calls>"), text("</｜DSMLinvoke>"), text('<\ufffdDSML｜invoke name="f">'),
+         text("<｜DSML\ufffd\ufffdparameter"), text('<DSMLinvoke name="f">')],
         [text("|DSML| is a format name"), text("the dsml invoke step"), text("<｜DSML｜tool_calls>"),
-         text("<|im_start|>tool"), text("a <|x|> b invoke")],
+         text("<|im_start|>tool"), text("a <|x|> b invoke"), text("the DSML invoke tag"), text("<DSML> is markup"),
+         text("use <DSML-lite parameter files"), text("a <b>DSML</b> invoke"), text("DSML｜invoke without its bracket")],
     ),
     "wrapper-tag": (
         [text("<｜DSML｜tool_calls>"), text("<｜DSML｜toolcalls>\n"), text("</｜DSML｜function_calls>"), text("<｜DSML｜ calls>")],

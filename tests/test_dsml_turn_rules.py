@@ -56,8 +56,8 @@ def rules(message: dict[str, Any], **kw: Any) -> tuple[str, ...]:
 @SETTINGS
 @given(calls=calls_st, data=st.data())
 def test_a_call_returned_twice_is_caught(calls: list[ToolCall], data: st.DataObject) -> None:
-    target = data.draw(st.sampled_from([c for c in calls if c.arguments] or [None]))
-    assume(target is not None)
+    # Zero-argument calls included: a re-sent block parsed twice duplicates them like any other.
+    target = data.draw(st.sampled_from(calls))
     again = dict(reversed(list(target.arguments.items())))  # key order does not make it another call
     listed = structured(calls)
     listed.insert(data.draw(st.integers(0, len(listed))), structured([ToolCall(target.name, again)])[0])
@@ -66,12 +66,17 @@ def test_a_call_returned_twice_is_caught(calls: list[ToolCall], data: st.DataObj
 
 @SETTINGS
 @given(calls=calls_st)
-def test_same_name_with_other_arguments_or_no_arguments_is_not_a_duplicate(calls: list[ToolCall]) -> None:
+def test_same_name_with_other_arguments_is_not_a_duplicate(calls: list[ToolCall]) -> None:
     assume(_distinct(calls))
     same_name = [ToolCall(calls[0].name, c.arguments) for c in calls]
     assume(_distinct(same_name))
-    listed = structured(same_name) + structured([ToolCall("tick", {}), ToolCall("tick", {})])
+    listed = structured(same_name) + structured([ToolCall("tick", {}), ToolCall("tock", {})])
     assert "duplicate-call" not in rules({"content": None, "tool_calls": listed}, finish_reason="tool_calls")
+
+
+def test_a_zero_argument_call_returned_twice_is_a_duplicate() -> None:
+    listed = structured([ToolCall("submit", {}), ToolCall("submit", {})])
+    assert "duplicate-call" in rules({"content": None, "tool_calls": listed}, finish_reason="tool_calls")
 
 
 # ------------------------------------------------------------------------------------------ reasoning-replayed
@@ -223,6 +228,27 @@ def test_a_value_cut_at_a_closer_inside_it_is_caught(calls: list[ToolCall], answ
     parsed = list(calls)
     parsed[i] = ToolCall(calls[i].name, {**calls[i].arguments, key: value[:at]})
     assert "value-cut" in rules({"content": answer, "tool_calls": structured(parsed)}, finish_reason="tool_calls", raw=raw)
+
+
+@SETTINGS
+@given(calls=calls_st, answer=answers, data=st.data())
+def test_a_value_cut_at_a_whole_closer_inside_it_is_caught(calls: list[ToolCall], answer: str, data: st.DataObject) -> None:
+    """A whole `</｜DSML｜parameter>` inside a string value (`Pa</｜DSML｜parameter>ris`) ends it on every parser; the
+    raw text still shows the rest of the value before the parameter's own closer."""
+    i = data.draw(st.integers(0, len(calls) - 1))
+    key = data.draw(keys)
+    value = data.draw(st.text(st.characters(exclude_categories=["Cs", "Cc", "Co", "Cn"], exclude_characters="｜|<>"),
+                              min_size=2, max_size=20).filter(lambda v: len(v.strip()) >= 2))
+    at = data.draw(st.integers(1, len(value.strip()) - 1))
+    head, tail = value.strip()[:at], value.strip()[at:]
+    damaged = {**calls[i].arguments, key: head + "</｜DSML｜parameter>" + tail}
+    calls = [*calls[:i], ToolCall(calls[i].name, damaged), *calls[i + 1 :]]
+    raw = render_completion(reasoning="thinking", content=answer, calls=calls)
+    parsed = list(calls)
+    parsed[i] = ToolCall(calls[i].name, {**calls[i].arguments, key: head})
+    assume(_distinct(parsed))
+    found = rules({"content": answer, "tool_calls": structured(parsed)}, finish_reason="tool_calls", raw=raw)
+    assert "value-cut" in found
 
 
 _MANY_CALLS = [{"function": {"name": "f", "arguments": json.dumps({"a": i})}} for i in range(5000)]

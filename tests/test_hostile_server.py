@@ -15,11 +15,10 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 from run_builders import SENTINEL, run, sse
 
-from repro.workload import sandbox
 from repro.errors import UsageError
-from repro.store.records import FindingRecord, Manifest, SessionRecord, TurnRecord
 from repro.report import render_report
-from repro.run.runner import RunOptions
+from repro.run.options import RunOptions
+from repro.store.records import FindingRecord, Manifest, SessionRecord, TurnRecord
 from repro.store.rundir import RunWriter, load_run
 from repro.untrusted import (
     MAX_DEPTH,
@@ -28,6 +27,7 @@ from repro.untrusted import (
     parse_json,
     scrub_surrogates,
 )
+from repro.workload import sandbox
 from repro.workload.scenario import load_workload
 
 
@@ -263,6 +263,7 @@ EXPECTED = {
     "huge-loop": ("corrupt", "args-not-object"),
     "raw-malformed": ("error", "malformed stream: event is not JSON"),
     "raw-reset": ("error", "connection "),
+    "cancelled": ("error", "stream ended without a finish reason"),
 }
 
 

@@ -21,7 +21,8 @@ import pytest
 from run_builders import make_run, run_main
 
 from repro.errors import EXIT_INTERNAL
-from repro.run.runner import RunOptions, _run_dir
+from repro.run.options import RunOptions
+from repro.run.runner import run_directory
 from repro.store.rundir import load_run
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -434,8 +435,8 @@ def test_a_failed_start_leaves_no_half_made_run_directory(tmp_path: Path) -> Non
 def test_default_run_directories_are_claimed_when_chosen(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     options = RunOptions.parse({})
-    first, created = _run_dir(options, "same name")
-    second, _ = _run_dir(options, "same name")
+    first, created = run_directory(options, "same name")
+    second, _ = run_directory(options, "same name")
     assert created and first != second
     assert first.is_dir() and second.is_dir() and first.parent == second.parent == Path("reports")
 

@@ -207,3 +207,36 @@ def test_failed_runs_are_counted_not_analysed_and_reports_escape_names(tmp_path:
     suite = ET.parse(report.junit).getroot().find("testsuite")
     assert suite is not None and int(suite.get("tests")) == 4 + 2
     assert "| off | fp8 |" in report.markdown.read_text()
+
+
+def test_a_level_that_never_acted_is_not_exercised_rather_than_without_effect() -> None:
+    # HiCache is on but no cell ever loaded back (a device pool the load never overflowed): a bf16 index-K
+    # cannot have shown anything, and neither can HiCache.
+    spec = MatrixSpec.model_validate({
+        "name": "idle",
+        "factors": {
+            "hicache": {"label": "HiCache", "levels": {"off": {"confirm": {"enable_hierarchical_cache": False}},
+                                                       "on": {"confirm": {"enable_hierarchical_cache": True}}}},
+            "index_k": {"label": "index-K", "levels": {"fp8": {"confirm": {"index_k_dtype": "fp8"}},
+                                                       "bf16": {"confirm": {"index_k_dtype": "bf16"}}}},
+        },
+        "deployment": {"command": "true", "port": 1},
+        "design": {"min_completed": 20, "replicates": 2},
+    })
+
+    def runs(load_backs: float | None) -> list[CellRun]:
+        return [CellRun(key=run.key, cell=run.cell.as_dict(), replicate=run.replicate, order=run.order,
+                        status="finished", counts={"clean": 30, "corrupt": 0, "timeout": 0, "error": 0},
+                        run_dir=f"cells/{run.key}", exercised={"host_load_back_tokens": load_backs})
+                for run in plan(spec)]
+
+    order = [c.as_dict() for c in cells(spec)]
+    idle = analyse(spec, runs(0.0), order, 8)
+    assert verdicts(idle) == {"hicache": "not exercised", "index_k": "not exercised"}
+    assert "index-K bf16 (vs fp8): not exercised (tokens loaded back from the host tier stayed 0 in all 4 runs with " \
+           "index-K bf16)" in idle.verdict
+    # Unknown (a server without the metric) is not proof of idleness: the verdict stands as it was.
+    assert verdicts(analyse(spec, runs(None), order, 8)) == {"hicache": "no detectable effect",
+                                                             "index_k": "no detectable effect"}
+    assert verdicts(analyse(spec, runs(4096.0), order, 8)) == {"hicache": "no detectable effect",
+                                                               "index_k": "no detectable effect"}

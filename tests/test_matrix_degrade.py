@@ -13,15 +13,15 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_matrix_analysis import analyse_counts, make_spec
 
 import repro.matrix.runner as matrix_runner
 from repro.errors import EXIT_INTERNAL, InternalError
 from repro.matrix.analysis import MatrixAnalysis
-from repro.matrix.runner import CELLS, MatrixRunner, run_matrix
+from repro.matrix.cell import CELLS
+from repro.matrix.runner import MatrixRunner, run_matrix
 from repro.matrix.spec import MatrixSpec
 from repro.store.records import RateEstimate, Summary
-
-from test_matrix_analysis import analyse_counts, make_spec
 
 SEPARABLE = {
     ("off", "off", "off", "bf16"): 21,

@@ -21,6 +21,7 @@ from rich.console import Console
 
 from repro.errors import TargetError, UsageError
 from repro.matrix.analysis import CellRun, analyse
+from repro.matrix.cell import run_cell
 from repro.matrix.deploy import (
     CellDeployment,
     ConfirmationError,
@@ -31,7 +32,6 @@ from repro.matrix.deploy import (
 )
 from repro.matrix.design import cells, plan
 from repro.matrix.report import write_reports
-from repro.matrix.runner import run_cell
 from repro.matrix.spec import MatrixSpec
 from repro.sim.launch import start_sim
 

@@ -36,6 +36,9 @@ def sim_spec(tmp_path: Path, name: str, **changes: Any) -> Path:
     spec["load"]["workload"] = str(ROOT / "experiments" / "agentic_coding.yaml")
     for section, values in changes.items():
         spec[section] = {**spec.get(section, {}), **values}
+    if spec["load"].get("pressure"):
+        # A small device pool that a few short sessions overflow: HiCache loads back, so its cells count.
+        spec["deployment"]["command"] += f" --max-total-tokens {SMALL_POOL}"
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False), encoding="utf-8")
     return path
@@ -55,12 +58,15 @@ def progress(matrix: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in file.read_text().splitlines()] if file.exists() else []
 
 
-TINY = {"sessions": 4, "concurrency": 4, "turns": 3}
+SMALL_POOL = 16_000
+TINY = {"sessions": 4, "concurrency": 4, "turns": 3, "pressure": "auto"}
+"""A few short sessions, sized (`pressure`) to overflow the simulator's device pool so that HiCache-on cells exercise it."""
 ONE = {"replicates": 1}
 
 
 QUICK = {"sessions": 24, "concurrency": 24, "turns": 14}
-QUICK_SIM = {"time_scale": "0.1", "final_after": "12"}
+QUICK_SIM = {"time_scale": "0.1", "final_after": "12", "clock": "virtual"}
+"""The verdicts below rest on counts of corrupt sessions: the virtual clock makes them the seed's."""
 
 
 def null_factor_spec(tmp_path: Path) -> Path:

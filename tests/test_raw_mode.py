@@ -286,6 +286,36 @@ def test_without_tool_call_logprobs_the_raw_text_comes_from_a_raw_endpoint(
     assert not bodies[0][prompt_key].startswith("<｜begin▁of▁sentence｜>")
 
 
+EXTRA = {"regex": "(Looking|Done)\\.", "top_k": 5}
+
+
+@pytest.mark.parametrize(
+    ("mode", "args"),
+    [
+        ("lp~x", ["--observe", "parsed"]),
+        ("lp~y", []),
+        ("text~x", ["--raw-endpoint", "completions"]),
+        ("text~y", ["--raw-endpoint", "completions", "--no-stream"]),
+        ("text~z", ["--raw-endpoint", "generate"]),
+    ],
+)
+def test_every_request_path_carries_the_extra_body(
+    faulty: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], mode: str, args: list[str]
+) -> None:
+    code, err = _run(capsys, tmp_path / "run", f"{faulty}/{mode}/v1", "--extra-body", json.dumps(EXTRA), *args)
+    assert code == 0, err
+    bodies = _received(faulty, mode)
+    assert bodies
+    for body in bodies:  # the probes' requests too
+        if "text" in body:  # SGLang's /generate: every sampling field in sampling_params
+            assert {key: body["sampling_params"].get(key) for key in EXTRA} == EXTRA, body
+            assert body["sampling_params"]["max_new_tokens"] and "max_tokens" not in body["sampling_params"]
+        else:
+            assert {key: body.get(key) for key in EXTRA} == EXTRA, body
+    if "--raw-endpoint" in args:
+        assert any("prompt" in body or "text" in body for body in bodies)
+
+
 def _faults(sim_url: str) -> list[dict[str, Any]]:
     return httpx.get(f"{sim_url.removesuffix('/v1')}/debug/faults").json()["faults"]
 
@@ -514,3 +544,26 @@ def test_a_lost_call_is_hidden_when_the_model_broke_it_and_made_when_the_parser_
             corrupt_seen=corrupt_seen([turn]),
         )
         assert (turn.parser_effect, session.parser_effect, session.corrupt_seen) == (effect, effect, seen)
+
+
+def test_the_requests_thinking_mode_reaches_the_raw_verdict() -> None:
+    # Thinking was on, the model never wrote </think>: every reasoning parser files the whole answer under
+    # reasoning_content. Only the request's thinking mode tells the raw check that the close is missing.
+    text = "Hello! How can I help?" + "<｜end▁of▁sentence｜>"
+    message = {"role": "assistant", "content": "Hello! How can I help?", "reasoning_content": None}
+    for thinking, label in ((True, "corrupt"), (False, "clean")):
+        verdicts = judge(ObservePlan("both", "logprobs", thinking=thinking), message, finish_reason="stop", tools=None,
+                         tool_choice=None, rawtext=RawText("logprobs", text, True))
+        assert verdicts.raw is not None and verdicts.raw.label == label
+        assert ("raw-think-missing" in verdicts.raw.rules) is thinking
+        assert verdicts.verdict == label
+
+
+def test_a_client_parser_error_is_a_turn_verdict_with_its_reason() -> None:
+    text = "Plan.</think>Fine." + "<｜end▁of▁sentence｜>"
+    reason = "deepseek-recipe raised UnicodeEncodeError: surrogates not allowed"
+    verdicts = judge(ObservePlan("both", "completions"), {"role": "assistant", "content": ""}, finish_reason="stop",
+                     tools=None, tool_choice=None, rawtext=RawText("completions", text, True), parser_error=reason)
+    assert verdicts.verdict == "corrupt" and verdicts.parsed.rules == ("parser-error",)
+    assert verdicts.parsed.findings[0].excerpt == reason
+    assert verdicts.raw is not None and verdicts.raw.label == "clean"

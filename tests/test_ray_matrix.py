@@ -38,8 +38,10 @@ def spec_file(tmp_path: Path, name: str, mark: str, **load: Any) -> Path:
     """The shipped simulator matrix with tiny sessions, HiCache-off cells pinned to node_a and -on to node_b."""
     spec = yaml.load(SIM_SPEC.read_text(encoding="utf-8"), Loader=SpecLoader)
     spec["load"].update({"workload": str(ROOT / "experiments" / "agentic_coding.yaml"),
-                         "sessions": 4, "concurrency": 4, "turns": 3, **load})
+                         "sessions": 4, "concurrency": 4, "turns": 3, "pressure": "auto", **load})
     spec["design"]["replicates"] = 1
+    # A device pool these few sessions overflow, so that HiCache-on cells exercise it and count.
+    spec["deployment"]["command"] += " --max-total-tokens 16000"
     spec["deployment"]["env"] = {"REPRO_TEST_MARK": mark}
     spec["resources"] = {"run": {"CPU": 1}, "levels": {"hicache": {"off": {"node_a": 1}, "on": {"node_b": 1}}}}
     path = tmp_path / f"{name}.yaml"

@@ -13,13 +13,13 @@ from typing import Any
 
 import httpx
 import pytest
-
-from repro.run.runner import RunResult
-from repro.store.rundir import load_run
-from repro.workload.trace import SENT_KEYS, load_trace
-from repro.workload.convert import convert
 from run_builders import run as run_in_process
 from run_builders import run_main
+
+from repro.run.finish import RunResult
+from repro.store.rundir import load_run
+from repro.workload.convert import convert
+from repro.workload.trace import SENT_KEYS, load_trace
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "traces.jsonl"

@@ -185,3 +185,10 @@ def test_empty_run_and_tex_like_names_render(tmp_path: Path) -> None:
     row = result.model.comparisons[0]
     assert row.result.difference is None and row.p_holm == 1.0
     assert "Server metrics: x$^$_" in result.html.read_text(encoding="utf-8")
+
+
+def test_vllm_metrics_are_plotted_under_their_own_names(tmp_path: Path) -> None:
+    rows = "".join(f"{t},vllm:num_requests_running,{{}},{t}\n{t},vllm:cache_config_info,{{}},1\n" for t in range(1, 4))
+    run = make_run(tmp_path / "v", name="v", clean=2, metrics="t_s,metric,labels,value\n" + rows)
+    result = render_report([run], tmp_path / "r.html")
+    assert "Server metrics: v" in result.html.read_text(encoding="utf-8")

@@ -45,5 +45,8 @@ def test_run_then_report_and_gate(tmp_path: Path, capsys: pytest.CaptureFixture[
 
     code, out, _ = run_main(capsys, "gate", str(run), "--max-corruption-rate", "0", "--min-completed", "10")
     lines = out.splitlines()
-    assert [line.split(":")[0] for line in lines] == ["finished", "evidence", "corruption-rate", "gate"]
-    assert code == (1 if corrupt else 0 if completed >= 10 and summary["counts"]["timeout"] == 0 else 125)
+    # The simulator has HiCache and CUDA graphs on: the gate says whether the load made them act.
+    assert [line.split(":")[0] for line in lines] == ["finished", "evidence", "exercised", "corruption-rate", "gate"]
+    idle = [f for f in summary["exercised"]["features"] if f["status"] == "not exercised"]
+    thin = completed < 10 or summary["counts"]["timeout"] > 0 or idle
+    assert code == (1 if corrupt else 125 if thin else 0)

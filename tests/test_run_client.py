@@ -81,6 +81,13 @@ def test_http_500_is_an_error_with_the_server_message(faulty: str) -> None:
     assert b"internal failure" in result.raw
 
 
+def test_a_stream_closed_without_a_finish_reason_is_an_error(faulty: str) -> None:
+    # The role chunk, then [DONE]: properly framed, but the answer was cancelled, not finished.
+    result = turn(f"{faulty}/cancelled/v1/chat/completions")
+    assert (result.status, result.error, result.finish_reason) == ("error", "stream ended without a finish reason", None)
+    assert result.raw.endswith(b"data: [DONE]\n\n")
+
+
 def test_malformed_sse_is_an_error(faulty: str) -> None:
     result = turn(f"{faulty}/malformed/v1/chat/completions")
     assert result.status == "error" and result.error is not None

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from repro.workload import sandbox
 from repro.errors import UsageError
 from repro.run.metrics import metrics_url, parse_samples, server_root
+from repro.run.options import RunOptions
 from repro.store.records import SessionRecord, TurnRecord
-from repro.run.runner import RunOptions
 from repro.store.summary import summarize
+from repro.workload import sandbox
 from repro.workload.scenario import load_workload, parse_workload
 
 ROOT = Path(__file__).resolve().parent.parent

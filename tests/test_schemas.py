@@ -103,9 +103,10 @@ def test_example_inputs_match_their_schemas() -> None:
 def test_every_file_of_a_real_matrix_run_matches_its_schema(tmp_path: Path) -> None:
     spec = yaml.load((ROOT / "matrices" / "sim_hicache_bf16.yaml").read_text(encoding="utf-8"), Loader=SpecLoader)
     spec["load"] = {**spec["load"], "workload": str(ROOT / "experiments" / "agentic_coding.yaml"),
-                    "sessions": 4, "concurrency": 4, "turns": 3}
+                    "sessions": 4, "concurrency": 4, "turns": 3, "pressure": "auto"}
     spec["design"] = {**spec["design"], "replicates": 1, "min_completed": 2}
-    spec["deployment"]["command"] += " --enable-metrics"
+    # A device pool these few sessions overflow, so that HiCache-on cells exercise it and count.
+    spec["deployment"]["command"] += " --enable-metrics --max-total-tokens 16000"
     spec_path = tmp_path / "spec.yaml"
     spec_path.write_text(yaml.safe_dump(spec, sort_keys=False), encoding="utf-8")
     assert_valid("matrix", spec, "the test's spec")

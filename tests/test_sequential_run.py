@@ -88,7 +88,8 @@ def test_gate_fix_passes_early_and_the_gate_replays_the_decision(tmp_path: Path)
 def test_seeds_configuration_fails_early(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     out = tmp_path / "seeds"
     code, stdout, err = run_main(capsys, "run", "--sessions", "240", "--concurrency", "60", "--until-decided",
-                                 "--max-corruption-rate", "0.02", "--timeout", "120", "--out", str(out))
+                                 "--max-corruption-rate", "0.02", "--timeout", "120", "--out", str(out),
+                                 "--sim-args", "--clock virtual")
     assert code == 1, stdout + err
     summary = load_run(out).summary
     assert summary is not None and summary.stopping is not None

@@ -15,9 +15,10 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 
-from repro.store.records import SessionRecord
-from repro.run.runner import RunOptions, execute_run
+from repro.run.options import RunOptions
+from repro.run.runner import execute_run
 from repro.sim.model import conversation_key
+from repro.store.records import SessionRecord
 
 FAST = ("--time-scale", "0.1")
 PD = ("--disaggregation-mode", "decode")

@@ -13,11 +13,12 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from proc_helpers import poll
-from repro.errors import EXIT_INTERRUPTED, UsageError
-from repro.sweep.runner import LevelResult, analyse, parse_levels
 from run_builders import run_main
+
+from repro.errors import EXIT_INTERRUPTED, UsageError
+from repro.sweep.analysis import LevelResult, analyse
+from repro.sweep.runner import parse_levels
 
 
 def test_levels_lists_and_ranges() -> None:
@@ -78,7 +79,8 @@ def test_sweep_against_a_concurrency_independent_fault(
 
 
 def test_sweep_escapes_what_it_shows(tmp_path: Path) -> None:
-    from repro.sweep.runner import OnsetCurve, SweepResult, write_outputs
+    from repro.sweep.analysis import OnsetCurve, SweepResult
+    from repro.sweep.runner import write_outputs
 
     levels = analyse([_level(1, 0, 20), _level(8, 0, 20)], confidence=0.95)[0]
     result = SweepResult(name="<b>x</b>|y", target="http://h/<script>alert(1)</script>", confidence=0.95,

@@ -29,6 +29,7 @@ from repro.errors import UsageError
 from repro.matrix.deploy import LaunchPlan
 from repro.matrix.spec import Template
 from repro.procs.process import free_port
+from repro.sim.config import SimConfig, parse_flags, server_info
 
 OUTCOME = {"bad": "fail", "good": "pass", "undecided": "inconclusive", "inconclusive": "inconclusive"}
 
@@ -39,8 +40,6 @@ class _Budget(Exception):
 
 def sim_expectations(flags: list[str]) -> dict[str, Any]:
     """What the simulator's `/server_info` must show for `flags`: every one of its settings they name."""
-    from repro.sim.config import SimConfig, parse_flags, server_info
-
     info = server_info(parse_flags(flags, prog="bisect flags (simulator)"))
     named = {token[2:].split("=", 1)[0].replace("-", "_").removeprefix("no_") for token in flags if token.startswith("--")}
     return {key: info[key] for key in named if key in SimConfig.model_fields and key not in ("host", "port")}

@@ -19,9 +19,11 @@ from typing import Callable
 
 from repro.bisect.probe import ProbeResult, launch_plan
 from repro.errors import UsageError
+from repro.jsonl import numbered_lines
 from repro.matrix.deploy import LaunchPlan
 from repro.matrix.spec import Template
 from repro.procs.process import free_port, one_line, start_process
+from repro.untrusted import printable
 
 GIT_TIMEOUT_S = 300.0
 
@@ -60,9 +62,10 @@ def commit_range(repo: Path, good: str, bad: str) -> list[Commit]:
     if _git(repo, "merge-base", "--is-ancestor", good_sha, bad_sha).returncode != 0:
         raise UsageError(f"--good {good} is not an ancestor of --bad {bad}")
     log = _git(repo, "log", "--first-parent", "--reverse", "--format=%H%x00%s", f"{good_sha}..{bad_sha}")
-    later = [line.split("\0", 1) for line in log.stdout.decode(errors="replace").splitlines()]
+    later = [line.split("\0", 1) for _, line in numbered_lines(log.stdout.decode(errors="replace"))]
     subject = _git(repo, "log", "-1", "--format=%s", good_sha).stdout.decode(errors="replace").strip()
-    commits = [Commit(good_sha, subject), *(Commit(sha, text) for sha, text in later)]
+    # A subject is shown on the terminal and in the reports, never used: its control characters go here.
+    commits = [Commit(good_sha, printable(subject)), *(Commit(sha, printable(text)) for sha, text in later)]
     if commits[-1].sha != bad_sha:
         raise UsageError(f"--bad {bad} is not on the first-parent line from --good {good}")
     return commits

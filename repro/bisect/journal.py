@@ -14,7 +14,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from repro.errors import UsageError
-from repro.store.rundir import dump_json
+from repro.jsonl import read_journal
+from repro.store.rundir import dump_json, read_recorded
 
 SETUP = "setup.json"
 PROBES = "probes.jsonl"
@@ -82,13 +83,7 @@ class Journal:
             dump_json(self.path / SETUP, setup)
 
     def _reopen(self) -> None:
-        file = self.path / SETUP
-        if not file.exists():
-            raise UsageError(f"--resume {self.path}: not a bisect directory (no {SETUP})")
-        try:
-            recorded = json.loads(file.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, ValueError, RecursionError) as err:
-            raise UsageError(f"--resume {self.path}: {SETUP} is damaged ({type(err).__name__})") from None
+        recorded = read_recorded(self.path, SETUP, kind="bisect")
         if recorded != json.loads(json.dumps(self.setup)):
             changed = sorted(k for k in {*recorded, *self.setup} if recorded.get(k) != self.setup.get(k))
             raise UsageError(
@@ -98,16 +93,7 @@ class Journal:
 
     def probes(self) -> list[ProbeRecord]:
         """Every probe that ended, in order; a torn last line (SIGKILL mid-write) is ignored."""
-        file = self.path / PROBES
-        if not file.exists():
-            return []
-        records = []
-        for line in file.read_text(encoding="utf-8").splitlines():
-            try:
-                records.append(ProbeRecord.model_validate_json(line))
-            except ValueError:
-                continue
-        return records
+        return read_journal(self.path / PROBES, ProbeRecord.model_validate_json)
 
     def append(self, record: ProbeRecord) -> None:
         with open(self.path / PROBES, "a", encoding="utf-8") as fh:

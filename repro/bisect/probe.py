@@ -15,7 +15,13 @@ from typing import Any, Literal, Protocol
 from rich.console import Console
 from rich.text import Text
 
-from repro.bisect.posterior import ProbeMode, ProbePlan, ProbeVerdict, fixed_sessions, judge_probe
+from repro.bisect.posterior import (
+    ProbeMode,
+    ProbePlan,
+    ProbeVerdict,
+    fixed_sessions,
+    judge_probe,
+)
 from repro.errors import TargetError
 from repro.matrix.deploy import CellDeployment, LaunchPlan, ProcessLaunch
 from repro.procs.process import free_port, python_module
@@ -147,7 +153,10 @@ def run_probe(
 ) -> ProbeResult:
     """Start `launch`, run rounds of `plan.round_sessions` sessions (the `repro run` options in `load`)
     until `judge_probe` decides, and stop the deployment, also on Ctrl-C (KeyboardInterrupt propagates)."""
-    from repro.run.runner import RunOptions, execute_run  # the load layer: scipy and friends load on first use
+    from repro.run.options import RunOptions
+    from repro.run.runner import (
+        execute_run,  # the load layer: scipy and friends load on first use
+    )
 
     started = time.monotonic()
     result = ProbeResult(verdict="inconclusive")

@@ -17,6 +17,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from repro.matrix.design import Cell
+from repro.matrix.exercise import idle_levels
 from repro.matrix.spec import MatrixSpec
 from repro.store.records import OUTCOMES, OutcomeCounts
 from repro.stats import (
@@ -29,7 +30,7 @@ from repro.stats import (
     stratified_exact_test,
 )
 
-Verdict = Literal["causes", "widens", "reduces", "no detectable effect", "inconclusive"]
+Verdict = Literal["causes", "widens", "reduces", "no detectable effect", "inconclusive", "not exercised"]
 """`widens`: an effect only where a causing factor is on (bf16 index-K widening HiCache's race)."""
 
 
@@ -50,6 +51,8 @@ class CellRun(BaseModel):
     message: str | None = None
     """Why a failed run failed."""
     server_info: dict[str, Any] | None = None
+    exercised: dict[str, float | None] = Field(default_factory=dict)
+    """The run's exercise facts (summary.json's `exercised.facts`, None: unknown), for the factors' verdicts."""
     notes: list[str] = Field(default_factory=list)
     """What the report should say about this run: port holders that could not be verified, capped logs."""
     launch: dict[str, Any] = Field(default_factory=dict)
@@ -606,6 +609,16 @@ def _judge_widening(spec: MatrixSpec, totals: dict, candidates: list[Effect], ca
         }
 
 
+def _judge_exercise(spec: MatrixSpec, runs: list[CellRun], effects: list[Effect]) -> None:
+    """A "no detectable effect" of a level that never acted becomes "not exercised", with the reason."""
+    idle = idle_levels(spec, runs)
+    for effect in effects:
+        why = idle.get((effect.factor, effect.level))
+        if why is not None and effect.verdict in ("no detectable effect", "inconclusive"):
+            effect.verdict = "not exercised"
+            effect.reasons.append(why)
+
+
 def _judge_secondary(spec: MatrixSpec, effects: list[Effect]) -> None:
     for effect, adjusted in zip(effects, _adjust([e.p for e in effects], spec.design.correction)):
         effect.p_adjusted = adjusted
@@ -664,7 +677,7 @@ def _arms(effect: Effect) -> str:
 def verdict_paragraph(spec: MatrixSpec, analysis: MatrixAnalysis) -> str:
     """The findings in plain words, strongest first; every claim carries its counts and p-value."""
     sentences: list[str] = []
-    order = {"causes": 0, "widens": 1, "reduces": 2, "inconclusive": 3, "no detectable effect": 4}
+    order = {"causes": 0, "widens": 1, "reduces": 2, "inconclusive": 3, "not exercised": 4, "no detectable effect": 5}
     for effect in sorted(analysis.factors, key=lambda e: order[e.verdict]):
         name = f"{spec.label(effect.factor)} {effect.level} (vs {effect.baseline})"
         if effect.verdict == "causes":
@@ -678,8 +691,8 @@ def verdict_paragraph(spec: MatrixSpec, analysis: MatrixAnalysis) -> str:
             )
         elif effect.verdict == "reduces":
             sentences.append(f"{name} reduces corruption: {_arms(effect)} ({_fmt_p(effect.p_adjusted)}).")
-        elif effect.verdict == "inconclusive":
-            sentences.append(f"{name}: inconclusive ({'; '.join(effect.reasons)}).")
+        elif effect.verdict in ("inconclusive", "not exercised"):
+            sentences.append(f"{name}: {effect.verdict} ({'; '.join(effect.reasons)}).")
         else:
             power = "power unknown"
             if effect.power is not None:
@@ -727,6 +740,7 @@ def analyse(
     comparisons = _comparisons(spec, baseline) if totals else []
     factors = [_effect(spec, totals, c, "corruption", main_fit) for c in comparisons]
     _judge_corruption(spec, totals, factors)
+    _judge_exercise(spec, runs, factors)
     timeouts = [_effect(spec, totals, c, "timeout", None) for c in comparisons]
     wedges = [_effect(spec, totals, c, "wedge", None) for c in comparisons]
     _judge_secondary(spec, timeouts)

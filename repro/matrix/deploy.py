@@ -27,6 +27,7 @@ import httpx
 from repro.errors import TargetError, UsageError
 from repro.procs.logcap import is_capped
 from repro.matrix.design import PlannedRun
+from repro.matrix.infometrics import info_from_metrics
 from repro.matrix.spec import AUTO, Level, MatrixSpec, ProcessSpec, Template
 from repro.procs.process import (
     ManagedProcess,
@@ -142,9 +143,12 @@ def resolve(
         log_dir=str(log_dir),
     )
 
-    def sub(text: str, extra: dict[str, str] | None = None) -> str:
+    def sub(text: str, extra: dict[str, str] | None = None, *, shell: bool = False) -> str:
+        """`text` with its variables; in a command (`shell`), each value shell-quoted as bisect quotes it, so
+        a value is one word and never code (`extra` holds text already written for the shell: the flags)."""
+        values = {k: shlex.quote(v) for k, v in variables.items()} if shell else variables
         try:
-            return Template(text).substitute({**variables, **(extra or {})})
+            return Template(text).substitute({**values, **(extra or {})})
         except (KeyError, ValueError) as err:
             raise UsageError(f"cannot substitute variables in {text!r}: {err}") from None
 
@@ -155,7 +159,7 @@ def resolve(
         applying = [level for _, level in levels if _applies(level, proc)]
         command = next((lv.command for lv in reversed(applying) if lv.command is not None), proc.command)
         flags = [sub(flag) for level in applying for flag in level.flags]
-        argv = shlex.split(sub(command, {"flags": shlex.join(flags)}))
+        argv = shlex.split(sub(command, {"flags": shlex.join(flags)}, shell=True))
         if "flags" not in Template(command).get_identifiers():
             argv += flags
         env = {**base_env, **{k: sub(v) for k, v in proc.env.items()}}
@@ -180,8 +184,8 @@ def resolve(
         processes.append(ProcessLaunch("external", None, {}, ready, info or None, expect))
         env = {**base_env, **{k: sub(v) for _, level in levels for k, v in level.env.items()}}
         hooks = dict(
-            setup=["bash", "-c", sub(ext.setup, extra)],
-            teardown=["bash", "-c", sub(ext.teardown, extra)],
+            setup=["bash", "-c", sub(ext.setup, extra, shell=True)],
+            teardown=["bash", "-c", sub(ext.teardown, extra, shell=True)],
             hook_env={**env, "REPRO_FLAGS": shlex.join(all_flags), "REPRO_CELL": run.cell.name},
             hook_timeout=ext.hook_timeout,
         )
@@ -250,7 +254,11 @@ SERVER_INFO_BYTES = 16 * 1024 * 1024
 
 
 def fetch_server_info(url: str, *, timeout: float = 10.0) -> dict[str, Any] | None:
-    """The server's configuration from `url` (or the older /get_server_info beside it); None when it has neither."""
+    """The server's configuration from `url` (or the older /get_server_info beside it); None when it has neither.
+
+    A Prometheus exposition (an `info_url` ending in /metrics, for vLLM) gives its `*_info` metrics' labels
+    (repro.matrix.infometrics).
+    """
     candidates = [url]
     if url.endswith("/server_info"):
         candidates.append(url[: -len("/server_info")] + "/get_server_info")
@@ -264,11 +272,14 @@ def fetch_server_info(url: str, *, timeout: float = 10.0) -> dict[str, Any] | No
                 raise TargetError(f"{candidate}: cannot read the server configuration: {err}") from None
             if status == 404:
                 continue
+            if status != 200:
+                return None
             try:
                 data = parse_json(body)
             except ValueError:
-                return None
-            return data if status == 200 and isinstance(data, dict) else None
+                # Not JSON: a Prometheus /metrics (vLLM's info_url), whose *_info labels are the configuration.
+                return info_from_metrics(body.decode("utf-8", errors="replace"))
+            return data if isinstance(data, dict) else None
     return None
 
 

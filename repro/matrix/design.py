@@ -9,7 +9,7 @@ import random
 from dataclasses import dataclass
 
 from repro.matrix.spec import MatrixSpec
-from repro.store.rundir import slug
+from repro.store.paths import slug
 
 
 @dataclass(frozen=True)

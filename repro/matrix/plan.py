@@ -26,6 +26,11 @@ class Plan(BaseModel):
 
     name: str
     fingerprint: str
-    """sha256 of the validated spec (variables resolved): a changed spec cannot resume an old matrix."""
+    """sha256 of the validated spec (variables resolved) and of its workload's content: a changed spec or
+    workload cannot resume an old matrix (repro.matrix.fingerprint)."""
+    workload_sha256: str | None = None
+    """sha256 of the workload file's bytes (absent from plans of earlier versions)."""
+    repro_version: str | None = None
+    """The repro that started the matrix (absent from plans of earlier versions)."""
     variables: dict[str, str]
     runs: list[PlannedEntry]

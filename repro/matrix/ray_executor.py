@@ -2,7 +2,7 @@
 
 Each task asks for the resources the spec's `resources:` section gives its cell, so Ray places it on
 a node that has them, and independent cells run on different nodes at once. A task runs
-`repro.matrix.runner.run_cell` in a scratch directory on its node and returns its progress record,
+`repro.matrix.cell.run_cell` in a scratch directory on its node and returns its progress record,
 what it printed, and its cells/ and logs/ entries as one archive; the driver unpacks that into the
 one matrix directory, so progress.jsonl, `--resume` and the analysis are the local executor's.
 
@@ -20,17 +20,26 @@ from typing import Any, Iterator
 from rich.console import Console
 from rich.text import Text
 
+from repro.cluster.node import where
+from repro.cluster.rayutil import (
+    as_completed,
+    captured,
+    connected,
+    pack,
+    printed,
+    replay,
+    scratch,
+    submit,
+    unpack,
+)
 from repro.matrix.analysis import CellRun
+from repro.matrix.cell import CELLS, LOGS, run_cell
 from repro.matrix.design import PlannedRun
 from repro.matrix.spec import MatrixSpec
-from repro.cluster.node import where
-from repro.cluster.rayutil import as_completed, captured, connected, pack, printed, replay, scratch, submit, unpack
 
 
 def _cell_task(spec: MatrixSpec, run: PlannedRun, total: int, cell_reports: bool) -> tuple[str, str, bytes]:
     """In the Ray worker: one run in a scratch directory; (record JSON, printed text, tar.gz of its cells/ and logs/)."""
-    from repro.matrix.runner import CELLS, LOGS, run_cell
-
     with scratch("repro-cell-") as path:
         (path / CELLS).mkdir()
         console, screen = captured()

@@ -14,13 +14,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
-import json
 import os
 import signal
-import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterator
 
@@ -33,31 +29,32 @@ from repro.errors import (
     EXIT_OK,
     EXIT_TARGET,
     InternalError,
-    TargetError,
     UsageError,
     is_interrupt,
     request_interrupt,
 )
+from repro.jsonl import read_journal
 from repro.matrix import sequential
 from repro.matrix.analysis import CellRun, MatrixAnalysis, analyse, cell_counts
-from repro.matrix.deploy import CellDeployment, describe, resolve, stop_stale
+from repro.matrix.cell import CELLS, LOGS, move_aside, run_cell
+from repro.matrix.deploy import stop_stale
 from repro.matrix.design import Cell, PlannedRun, cells, plan
+from repro.matrix.fingerprint import plan_fields, resume_refusal
 from repro.matrix.plan import Plan, PlannedEntry
 from repro.matrix.report import write_reports
-from repro.matrix.spec import AUTO, MatrixSpec, load_spec
-from repro.cluster.node import where
-from repro.procs.process import PortTakenError, one_line
+from repro.matrix.spec import MatrixSpec, load_spec
 from repro.cluster.rayutil import Executor, check_executor
 from repro.store.records import Summary
-from repro.store.rundir import SUMMARY, dump_json, slug
+from repro.store.paths import default_dir
+from repro.store.rundir import SUMMARY, dump_json, read_recorded
+from repro.cluster.rayutil import connected
+from repro.cluster.rayutil import require_ray
+from repro.matrix.ray_executor import execute_on_ray
 
 SPEC_COPY = "spec.yaml"
 PLAN = "plan.json"
 PROGRESS = "progress.jsonl"
 MATRIX_JSON = "matrix.json"
-CELLS = "cells"
-LOGS = "logs"
-PORT_ATTEMPTS = 3
 """Launches of a run whose `auto` port another process took between its choice and the bind."""
 
 
@@ -70,14 +67,6 @@ class MatrixResult:
     """Why the per-factor analysis failed (a harness bug); `analysis` then holds the cells only."""
 
 
-def default_dir(spec: MatrixSpec, root: Path = Path("reports")) -> Path:
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    return root / f"{stamp}-matrix-{slug(spec.name)}"
-
-
-def _fingerprint(spec: MatrixSpec) -> str:
-    # Where runs are placed does not change what they measure: a matrix may resume on other nodes.
-    return hashlib.sha256(spec.model_dump_json(exclude={"resources"}).encode()).hexdigest()
 
 
 def _finished_summary(run_dir: Path) -> Summary | None:
@@ -93,16 +82,7 @@ def _finished_summary(run_dir: Path) -> Summary | None:
 
 def _read_progress(path: Path) -> dict[str, CellRun]:
     """The last record per run key; a torn last line (SIGKILL mid-write) is ignored."""
-    records: dict[str, CellRun] = {}
-    if not path.exists():
-        return records
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            record = CellRun.model_validate_json(line)
-        except ValueError:
-            continue
-        records[record.key] = record
-    return records
+    return {record.key: record for record in read_journal(path, CellRun.model_validate_json)}
 
 
 def _append_progress(path: Path, record: CellRun) -> None:
@@ -123,16 +103,9 @@ def _record_from_summary(run: PlannedRun, summary: Summary, rel: str, previous: 
         counts=dict(summary.counts),
         wedged=summary.wedged,
         run_dir=rel,
+        exercised=summary.exercised.values() if summary.exercised else {},
         **extra,
     )
-
-
-def _move_aside(run_dir: Path) -> Path:
-    n = 1
-    while (aside := run_dir.with_name(f"{run_dir.name}.partial-{n}")).exists():
-        n += 1
-    run_dir.rename(aside)
-    return aside
 
 
 class MatrixRunner:
@@ -171,19 +144,10 @@ class MatrixRunner:
     def _prepare(self, spec_text: str, resume: bool) -> None:
         plan_file = self.path / PLAN
         if resume:
-            if not plan_file.exists():
-                raise UsageError(f"--resume {self.path}: not a matrix directory (no {PLAN})")
-            try:
-                recorded = json.loads(plan_file.read_text(encoding="utf-8"))
-            except (OSError, UnicodeDecodeError, ValueError, RecursionError) as err:
-                raise UsageError(f"--resume {self.path}: {PLAN} is damaged ({type(err).__name__})") from None
-            if not isinstance(recorded, dict):
-                raise UsageError(f"--resume {self.path}: {PLAN} is damaged (not a JSON object)")
-            if recorded.get("fingerprint") != _fingerprint(self.spec):
-                raise UsageError(
-                    f"--resume {self.path}: the spec or its variables changed since this matrix started; "
-                    "resume with the same spec, or start a new matrix directory"
-                )
+            recorded = read_recorded(self.path, PLAN, kind="matrix")
+            refusal = resume_refusal(recorded, self.spec, str(self.path))
+            if refusal is not None:
+                raise UsageError(refusal)
             self.records = _read_progress(self.path / PROGRESS)
             return
         if self.path.exists() and (not self.path.is_dir() or any(self.path.iterdir())):
@@ -191,7 +155,7 @@ class MatrixRunner:
         (self.path / CELLS).mkdir(parents=True, exist_ok=True)
         (self.path / SPEC_COPY).write_text(spec_text, encoding="utf-8")
         runs = [PlannedEntry(key=r.key, cell=r.cell.as_dict(), replicate=r.replicate, order=r.order) for r in self.runs]
-        plan_record = Plan(name=self.spec.name, fingerprint=_fingerprint(self.spec), variables=self.spec.variables, runs=runs)
+        plan_record = Plan(name=self.spec.name, variables=self.spec.variables, runs=runs, **plan_fields(self.spec))
         dump_json(plan_file, plan_record.model_dump(mode="json"))
 
     def _finished(self, run: PlannedRun) -> CellRun | None:
@@ -204,7 +168,7 @@ class MatrixRunner:
                 self.console.print(Text(f"stopped {', '.join(stale)} left running by an earlier harness ({run.key})"))
             for leftover in (run_dir, log_dir):
                 if leftover.exists():
-                    _move_aside(leftover)
+                    move_aside(leftover)
             return None
         return _record_from_summary(run, summary, f"{CELLS}/{run.key}", self.records.get(run.key))
 
@@ -293,15 +257,11 @@ class MatrixRunner:
         """Ray: connected once for every round (execute_on_ray reuses the connection); local: nothing."""
         if self.executor != "ray":
             return contextlib.nullcontext()
-        from repro.cluster.rayutil import connected
-
         return connected(self.ray_address)
 
     def _execute(self, pending: list[PlannedRun]) -> Iterator[tuple[PlannedRun, CellRun]]:
         """Each pending run with its record as it ends: one after another here, or at once on Ray."""
         if self.executor == "ray":
-            from repro.matrix.ray_executor import execute_on_ray
-
             yield from execute_on_ray(
                 self.spec, pending, self.path, total=len(self.runs), console=self.console,
                 cell_reports=self.cell_reports, address=self.ray_address,
@@ -329,92 +289,6 @@ class MatrixRunner:
         self.console.print(table)
 
 
-def run_cell(
-    spec: MatrixSpec, run: PlannedRun, path: Path, *, total: int, console: Console, cell_reports: bool
-) -> CellRun:
-    """One run of one cell under the matrix directory `path`: launch, confirm, load, stop; its progress record.
-
-    The local executor calls it in this process; the Ray executor in a task on the node the cell's
-    resources pick, with `path` a scratch directory whose cells/ and logs/ go back to the driver.
-    """
-    from repro.run.runner import RunOptions, execute_run  # the load layer
-
-    log_dir = path / LOGS / run.key
-    launch = resolve(spec, run, log_dir=log_dir)  # for the load's URL; relaunches on lost ports resolve anew
-    load = dict(spec.load)
-    load.update(
-        base_url=f"{launch.url}/v1",
-        out=str(path / CELLS / run.key),
-        name=f"{slug(spec.name)}-{run.key}",
-        seed=int(load.get("seed", 0)) + run.replicate - 1,
-    )
-    options = RunOptions.model_validate(load)
-    base = dict(
-        key=run.key, cell=run.cell.as_dict(), replicate=run.replicate, order=run.order, launch=describe(launch),
-        node=where(),
-    )
-    console.print(Text(f"[{run.order + 1}/{total}] cell {run.cell.name} replicate {run.replicate}: launching"))
-    started = time.monotonic()
-    # Ports the harness chose (`auto`) can be chosen again when another process takes one before the bind.
-    attempts = PORT_ATTEMPTS if AUTO in spec.variables.values() else 1
-    try:
-        for attempt in range(1, attempts + 1):
-            deployment = CellDeployment(launch, log_dir, cell=run.key)
-            watch = deployment.watch()
-            try:
-                confirmation = deployment.start()
-                break
-            except PortTakenError as err:
-                if attempt == attempts:
-                    raise
-                # Another process took a port between its choice and the bind (two matrices on one machine).
-                console.print(Text(f"  {one_line(str(err))}; relaunching on fresh ports"))
-                launch = resolve(spec, run, log_dir=log_dir)
-                options = options.model_copy(update={"base_url": f"{launch.url}/v1"})
-                base["launch"] = describe(launch)
-        try:
-            with watch:
-                for note in confirmation.notes:
-                    console.print(Text(f"  not verified: {note}"))
-                result = execute_run(options, console=console, live=False, report=cell_reports)
-        finally:
-            deployment.stop()
-    except TargetError as err:
-        message = watch.exit.message(run.key) if watch.exit else str(err)
-        return CellRun(
-            status="failed",
-            message=message,
-            notes=deployment.log_notes(),
-            duration_s=time.monotonic() - started,
-            **base,
-        )
-    notes = confirmation.notes + deployment.log_notes()
-    if watch.exit is not None:
-        # The sessions measured a deployment that was falling apart: not a result. Moved aside
-        # (kept for a post-mortem) so that --resume reruns the cell.
-        aside = _move_aside(path / CELLS / run.key)
-        return CellRun(
-            status="failed",
-            message=watch.exit.message(run.key),
-            run_dir=aside.relative_to(path).as_posix(),
-            notes=notes,
-            duration_s=time.monotonic() - started,
-            **base,
-        )
-    if result.summary.interrupted:
-        raise KeyboardInterrupt
-    return CellRun(
-        status="finished",
-        counts=dict(result.summary.counts),
-        wedged=result.summary.wedged,
-        run_dir=f"{CELLS}/{run.key}",
-        server_info=confirmation.server_info,
-        notes=notes,
-        duration_s=time.monotonic() - started,
-        **base,
-    )
-
-
 def run_matrix(
     spec_path: Path,
     *,
@@ -432,14 +306,12 @@ def run_matrix(
     if ray_address is not None and executor != "ray":
         raise UsageError("--ray-address needs --executor ray")
     if executor == "ray":
-        from repro.cluster.rayutil import require_ray
-
         require_ray(ray_address)  # before the matrix directory is made
     if resume and out is None:
         raise UsageError("--resume needs --out: the matrix directory to continue")
     spec = load_spec(spec_path, variables)
     console = console or Console(stderr=True, highlight=False)
-    path = out or default_dir(spec)
+    path = out or default_dir("matrix", spec.name)
     runner = MatrixRunner(
         spec,
         Path(spec_path).read_text(encoding="utf-8"),

@@ -16,11 +16,26 @@ from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
-    BaseModel, ConfigDict, Field, NonNegativeFloat, ValidationError, WithJsonSchema, field_validator, model_validator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeFloat,
+    ValidationError,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
 )
 
-from repro.store.records import STRING_OR_LIST
-from repro.errors import UniqueKeyLoader, UsageError, describe_validation_error, load_yaml, yaml_lines
+from repro.errors import (
+    UniqueKeyLoader,
+    UsageError,
+    describe_validation_error,
+    load_yaml,
+    yaml_lines,
+)
+from repro.run.options import STRING_OR_LIST, RunOptions
+from repro.procs.logcap import DEFAULT_MAX_BYTES
+from repro.store.conditions import ConditionError, validate
 
 BUILTIN_VARIABLES = ("python", "flags", "cell", "replicate", "run_seed", "log_dir")
 """Set by the harness per cell: the Python running repro, the cell's shell-quoted flags, the cell name,
@@ -75,8 +90,19 @@ class Level(_Model):
     """The processes this level's flags, env and command apply to; default every feature process."""
     confirm: dict[str, Any] = Field(default_factory=dict)
     """Keys `/server_info` must show on every process this level applies to (dotted paths allowed)."""
+    exercise: Annotated[list[str], WithJsonSchema(STRING_OR_LIST)] = Field(default_factory=list)
+    """Conditions on the cell's metrics that show the level acted, e.g. `host_load_back_tokens > 0` or
+    `delta(sglang:evicted_tokens_total) > 0`; a cell where one does not hold is left out of the analysis."""
 
     _split = field_validator("flags", mode="before")(_split_flags)
+
+    @field_validator("exercise", mode="before")
+    @classmethod
+    def _conditions(cls, value: Any) -> list[str]:
+        try:
+            return validate(value)
+        except ConditionError as err:
+            raise ValueError(str(err)) from None
 
 
 class Factor(_Model):
@@ -115,7 +141,8 @@ class ProcessSpec(_Model):
     ready_url: str | None = None
     """Default `http://127.0.0.1:<port>/health`."""
     info_url: str | None = None
-    """Where to read the configuration; default `http://127.0.0.1:<port>/server_info`; empty to skip."""
+    """Where to read the configuration; default `http://127.0.0.1:<port>/server_info`; a Prometheus `/metrics`
+    gives its `*_info` labels (vLLM's `vllm:cache_config_info`); empty to skip."""
     env: dict[str, str] = Field(default_factory=dict)
     """Environment variables of this process."""
     features: bool = True
@@ -164,7 +191,7 @@ class Deployment(_Model):
     """How long to wait for the processes to answer their ready URLs."""
     stop_timeout: float = Field(30.0, gt=0)
     """Seconds between SIGTERM and SIGKILL at teardown."""
-    log_max_bytes: int = Field(200_000_000, ge=4096)
+    log_max_bytes: int = Field(DEFAULT_MAX_BYTES, ge=4096)
     """Cap on each launched process's log: the first half is kept, then the latest output rotates."""
 
     @model_validator(mode="after")
@@ -469,7 +496,6 @@ def _where(source: Path, lines: dict[tuple, int], loc: tuple) -> str:
 
 
 def _validate_load(spec: MatrixSpec, source: Path, lines: dict[tuple, int]) -> None:
-    from repro.run.runner import RunOptions  # the load layer; imported here so the spec stays light to import
 
     try:
         RunOptions.model_validate({**spec.load, "base_url": "http://127.0.0.1:1/v1"})

@@ -19,6 +19,9 @@ import sys
 from pathlib import Path
 
 CHUNK = 1 << 16
+DEFAULT_MAX_BYTES = 200_000_000
+"""The cap of every log the harness writes for a process it starts, unless the caller (a matrix spec's
+`log_max_bytes`) sets another."""
 
 
 def tail_paths(path: Path) -> tuple[Path, Path]:

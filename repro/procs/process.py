@@ -27,6 +27,7 @@ from typing import IO, Sequence
 import httpx
 
 from repro.errors import TargetError
+from repro.procs import logcap
 from repro.procs.logcap import is_capped, tail_paths
 from repro.procs.reaper import TAG_ENV, members, tagged_pids
 
@@ -230,7 +231,8 @@ def start_process(
 ) -> ManagedProcess:
     """Start `cmd` as the leader of a new process group; stdout and stderr go to `log_path` (appended).
 
-    With `log_max_bytes`, the output goes through `repro.procs.logcap`, which keeps the log under that size.
+    The output goes through `repro.procs.logcap`, which keeps the log under `log_max_bytes`
+    (`logcap.DEFAULT_MAX_BYTES` when not given): a process that only prints cannot fill the disk.
     The process is registered with the reaper, which gives it `grace` seconds between SIGTERM and
     SIGKILL should the harness die without stopping it.
     """
@@ -243,9 +245,10 @@ def start_process(
     writer = None
     if log_path is not None:
         Path(log_path).parent.mkdir(parents=True, exist_ok=True)
-    if log_path is not None and log_max_bytes is not None:
+    if log_path is not None:
+        cap = logcap.DEFAULT_MAX_BYTES if log_max_bytes is None else log_max_bytes
         writer = subprocess.Popen(
-            python_module("repro.procs.logcap", str(log_path), str(log_max_bytes)),
+            python_module("repro.procs.logcap", str(log_path), str(cap)),
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -253,8 +256,6 @@ def start_process(
         )
         assert writer.stdin is not None
         out: IO[bytes] = writer.stdin
-    elif log_path is not None:
-        out = open(log_path, "ab")
     else:
         out = open(os.devnull, "wb")
     try:

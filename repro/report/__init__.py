@@ -16,6 +16,7 @@ from repro.report.markdown import render_markdown
 from repro.report.model import ReportModel, build_model
 from repro.store.rundir import _atomic_write as atomic_write
 from repro.untrusted import scrub_surrogates
+from repro.store.rundir import check_output
 
 if TYPE_CHECKING:
     from repro.report.plots import Plot
@@ -44,6 +45,7 @@ def _plots(model: ReportModel) -> list[Plot]:
         drawn = [plots.outcomes_plot(model.runs), plots.latency_plot(model.runs)]
         drawn += [plots.timeline_plot(run) for run in model.runs]
         drawn.append(plots.turn_index_plot(model.runs))
+        drawn.append(plots.turn_size_plot(model.runs))
         drawn += [plots.metrics_plot(run, run.metrics) for run in model.runs if run.metrics is not None]
     return [p for p in drawn if p is not None]
 
@@ -68,8 +70,6 @@ def render_report(
     """Write the HTML report of one or more runs to `output` (and the Markdown and JUnit files when asked)."""
     if not run_dirs:
         raise UsageError("report: give at least one run directory")
-    from repro.store.rundir import check_output
-
     for option, path in (("--output", output), ("--markdown", markdown), ("--junit", junit)):
         if path is not None:
             check_output(path, run_dirs, option)

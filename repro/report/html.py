@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import jinja2
 
+from repro.store.exercise import FACT_WORDS, fmt_value
 from repro.store.records import OUTCOMES
 from repro.report.model import ReportModel, clip, fmt_conf, fmt_pct, fmt_points
 
@@ -46,10 +47,10 @@ def _secs(x: float | None) -> str:
     return "—" if x is None else f"{x:.1f} s"
 
 
-TEMPLATES.filters.update(pct=fmt_pct, conf=fmt_conf, num=_num, p=_p, points=fmt_points, secs=_secs, clip=clip)
+TEMPLATES.filters.update(pct=fmt_pct, conf=fmt_conf, num=_num, p=_p, points=fmt_points, secs=_secs, clip=clip, fact=fmt_value)
 
 
 def render_html(model: ReportModel, plots: list[Plot]) -> str:
     return TEMPLATES.get_template("report.html.j2").render(
-        model=model, plots=plots, outcomes=OUTCOMES, max_drill=MAX_DRILL
+        model=model, plots=plots, outcomes=OUTCOMES, max_drill=MAX_DRILL, fact_words=FACT_WORDS
     )

@@ -1,7 +1,8 @@
 """The Markdown summary: verdicts, the outcome table, comparisons and gate checks, sized for a GitHub job summary.
 
 GitHub renders some inline HTML in job summaries, so every text that came from a run (names, rule ids,
-gate lines) goes through `md_escape` first.
+gate lines) goes through `md_escape` first; it also replaces control characters, so a report.md printed
+on a terminal cannot carry escape sequences.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import re
 
 from repro.store.records import ParserEffect
 from repro.report.model import ReportModel, clip, fmt_conf, fmt_pct, fmt_points, fmt_range
+from repro.untrusted import printable
 
 # Only what acts mid-line: emphasis, code, links, tables, strikethrough, @mentions and #issue links.
 _SPECIAL = re.compile(r"([\\`*_\[\]|~@#])")
@@ -19,12 +21,16 @@ _ICON = {"corrupt": "🔴", "clean": "🟢", "inconclusive": "🟠"}
 def md_escape(text: object) -> str:
     """Text safe in a Markdown table cell: no HTML, no Markdown syntax, no line breaks; bounded in length."""
     value = clip(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-    return _SPECIAL.sub(r"\\\1", re.sub(r"\s+", " ", value))
+    return _SPECIAL.sub(r"\\\1", printable(re.sub(r"\s+", " ", value)))
 
 
 def _code(text: str) -> str:
     """A code span: nothing inside it is Markdown, so only backticks and line breaks must go."""
     return "`" + re.sub(r"[`\s]+", " ", clip(text)) + "`"
+
+
+def _parser(parser: str | None) -> str:
+    return f" (parser: {md_escape(parser)})" if parser else ""
 
 
 def _effect(effect: ParserEffect | None, kind: str) -> str:
@@ -53,7 +59,7 @@ def render_markdown(model: ReportModel) -> str:
         lines.append(
             f"| {md_escape(run.name)} | {c.total} | {c.clean} | {c.corrupt} | {c.timeout} | {c.error} | {c.wedged} "
             f"| {c.corrupt}/{c.completed} = {fmt_pct(run.rate.estimate)} | {fmt_range(run.rate.low, run.rate.high)} "
-            f"| {fmt_pct(run.upper)} | {run.observe} | {_effect(run.effect, 'hidden')} | {_effect(run.effect, 'made')} |"
+            f"| {fmt_pct(run.upper)} | {run.observe}{_parser(run.parser)} | {_effect(run.effect, 'hidden')} | {_effect(run.effect, 'made')} |"
         )
     if model.comparisons:
         lines += [

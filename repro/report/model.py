@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Sequence
 
 from repro.cluster.node import describe as describe_node
-from repro.store.records import FindingRecord, OutcomeCounts, ParserEffect, SessionRecord, StoppingRecord, TurnRecord
+from repro.store.exercise import idle_reasons
+from repro.store.records import Exercise, FindingRecord, OutcomeCounts, ParserEffect, SessionRecord, StoppingRecord, TurnRecord
 from repro.report.raw import RawExcerpt, read_raw, response_fields
 from repro.stats import Inconclusive, Interval, assess_inconclusive, clopper_pearson, timeout_bounds, upper_bound
 from repro.stats.verdict import MAX_TIMEOUT_FRACTION, MIN_COMPLETED
@@ -189,8 +190,12 @@ class RunView:
     """What the run judged: parsed (runs from before raw mode too), raw or both."""
     effect: ParserEffect | None = None
     """How much damage the server's parser hid and made (raw and both modes)."""
+    parser: str | None = None
+    """Which parser code turned the text into messages: the client-side one, else the simulator's (None: unknown)."""
     stopping: StoppingRecord | None = None
     """How a `--until-decided` run stopped."""
+    exercised: Exercise | None = None
+    """What the load made the server do, from its metrics (runs from before it was recorded: None)."""
     node: str | None = None
     """Where the load ran: the host, and the Ray node under the Ray executor (runs from before: None)."""
     workers: list[str] = field(default_factory=list)
@@ -234,11 +239,16 @@ def _option(run: Run, key: str, default: Any) -> Any:
 
 
 def verdict_for(counts: OutcomeCounts, rate: Interval, upper: float, worst: Interval, best: Interval,
-                assessment: Inconclusive, *, interrupted_run: bool = False, effect: ParserEffect | None = None) -> Verdict:
-    """The banner's words. Evidence wins: any corrupt session makes the run corrupt, whatever timed out."""
+                assessment: Inconclusive, *, interrupted_run: bool = False, effect: ParserEffect | None = None,
+                idle: Sequence[str] = ()) -> Verdict:
+    """The banner's words. Evidence wins: any corrupt session makes the run corrupt, whatever timed out.
+
+    `idle` names the features the server had on and the load never made act: without corruption, the run
+    is then inconclusive, not clean."""
     conf = fmt_conf(rate.confidence)
     k, n = counts.corrupt, counts.completed
     details: list[str] = [effect.describe()] if effect is not None else []
+    details += [f"Not exercised: {line}." for line in idle]
     if counts.timeout:
         details.append(
             f"{counts.timeout} of {counts.total} sessions timed out; counting each as corrupt or as clean, "
@@ -267,6 +277,10 @@ def verdict_for(counts: OutcomeCounts, rate: Interval, upper: float, worst: Inte
         first, *rest = assessment.reasons
         headline = f"INCONCLUSIVE: {first}; 0 of {n} completed were corrupt, which proves nothing."
         return Verdict("inconclusive", headline, [r[:1].upper() + r[1:] + "." for r in rest] + details)
+    if idle:
+        headline = (f"INCONCLUSIVE: the load never exercised what it tests ({idle[0]}); 0 of {n} completed sessions "
+                    "were corrupt, which proves nothing about it.")
+        return Verdict("inconclusive", headline, details)
     headline = (
         f"CLEAN: 0 of {n} completed sessions corrupt; the corruption rate is below {fmt_pct(upper)} "
         f"({conf} upper bound)."
@@ -373,6 +387,15 @@ def _session_view(run: Run, session: SessionRecord) -> SessionView:
     )
 
 
+def _parser_used(observe: dict[str, Any], server_info: dict[str, Any]) -> str | None:
+    """`<parser> (<implementation>)` from the manifest: the client-side parser, else the simulator's."""
+    if observe.get("client_parser_implementation"):
+        return f"{observe.get('client_parser')} ({observe['client_parser_implementation']})"
+    if server_info.get("tool_parser_implementation"):
+        return f"{server_info.get('tool_parser')} ({server_info['tool_parser_implementation']})"
+    return None
+
+
 def run_view(run: Run, *, confidence: float = 0.95) -> RunView:
     """OutcomeCounts, intervals and the verdict for one run, with thresholds taken from the run's own options."""
     counts = OutcomeCounts.of(run.sessions)
@@ -389,9 +412,11 @@ def run_view(run: Run, *, confidence: float = 0.95) -> RunView:
     )
     upper = upper_bound(counts.corrupt, counts.completed, confidence)
     metrics, metrics_note = read_metrics(run.path)
+    exercised = run.summary.exercised if run.summary is not None else None
     interrupted = bool(run.summary and run.summary.interrupted)
     observe = str((run.manifest.observe or {}).get("mode") or "parsed")
     effect = ParserEffect.of(run.sessions) if observe in ("raw", "both") else None
+    parser = _parser_used(run.manifest.observe or {}, run.manifest.server_info or {})
     target = run.manifest.target
     by_outcome = {
         outcome: [_session_view(run, s) for s in run.sessions if s.outcome == outcome]
@@ -408,7 +433,8 @@ def run_view(run: Run, *, confidence: float = 0.95) -> RunView:
         worst=worst,
         best=best,
         assessment=assessment,
-        verdict=verdict_for(counts, rate, upper, worst, best, assessment, interrupted_run=interrupted, effect=effect),
+        verdict=verdict_for(counts, rate, upper, worst, best, assessment, interrupted_run=interrupted, effect=effect,
+                            idle=idle_reasons(exercised)),
         corrupt_sessions=by_outcome["corrupt"],
         timeout_sessions=by_outcome["timeout"],
         error_sessions=by_outcome["error"],
@@ -421,7 +447,9 @@ def run_view(run: Run, *, confidence: float = 0.95) -> RunView:
         notes=[metrics_note] if metrics_note else [],
         observe=observe,
         effect=effect,
+        parser=parser,
         stopping=run.summary.stopping if run.summary is not None else None,
+        exercised=exercised,
         node=describe_node(run.manifest.node),
         workers=[
             f"worker {place.index} on {describe_node(place.node)}" + (" (lost)" if place.lost else "")

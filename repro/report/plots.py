@@ -13,7 +13,7 @@ import base64
 import io
 from collections import Counter
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -36,10 +36,18 @@ OUTCOME_COLOURS = {
     "interrupted": "#757575",
 }
 # The race's signature is load-back traffic under load; a wedge shows as a flat transfer queue.
+SERVER_PREFIXES = ("sglang:", "vllm:")
+"""The servers' own metric namespaces: SGLang's and vLLM's."""
 PREFERRED_METRICS = (
     "num_running_reqs",
+    "num_requests_running",  # vLLM's name
     "num_queue_reqs",
+    "num_requests_waiting",
+    "prefix_cache_hits_total",
+    "kv_cache_usage_perc",
     "load_back_tokens_total",
+    "evicted_tokens_total",
+    "num_queue_reqs",
     "num_decode_transfer_queue_reqs",
     "cache_hit_rate",
     "token_usage",
@@ -217,23 +225,82 @@ def turn_index_plot(runs: Sequence[RunView]) -> Plot | None:
     return Plot("Corruption by turn index", "Share of answered turns judged corrupt at each turn index", encode_figure(fig))
 
 
+SHARE_BINS = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
+"""Cached-token share bins: a turn served mostly from cache is where a load-back can race."""
+SIZE_BINS = 6
+
+
+def _compact(tokens: float) -> str:
+    return f"{tokens / 1000:.0f}k" if tokens >= 10_000 else f"{tokens:,.0f}"
+
+
+def _binned(values: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """The bin of each value among `edges`: (e[i], e[i+1]], the first bin closed at its left edge."""
+    return np.clip(np.searchsorted(edges, values, side="left") - 1, 0, len(edges) - 2)
+
+
+def _rate_bars(ax: Any, values: np.ndarray, corrupt: np.ndarray, edges: np.ndarray, label: Callable[[float], str]) -> None:
+    """Corrupt share of the turns in each non-empty bin of `values`, with k/n on each bar."""
+    bins = _binned(values, edges)
+    shown = sorted(set(bins.tolist()))
+    hits = [int(corrupt[bins == b].sum()) for b in shown]
+    counts = [int((bins == b).sum()) for b in shown]
+    x = range(len(shown))
+    ax.bar(x, [100 * k / n for k, n in zip(hits, counts)], color=OUTCOME_COLOURS["corrupt"])
+    for xi, k, n in zip(x, hits, counts):
+        ax.annotate(f"{k}/{n}", (xi, 0), xytext=(0, 2), textcoords="offset points", ha="center", fontsize=7)
+    ax.set_xticks(list(x), [f"{label(edges[b])}-{label(edges[b + 1])}" for b in shown], fontsize="small")
+    ax.set_ylabel("corrupt turns, % of answered")
+
+
+def turn_size_plot(runs: Sequence[RunView]) -> Plot | None:
+    """The share of answered turns judged corrupt by prompt size (quantile bins) and by cached-token share."""
+    rows = [(t.prompt_tokens, t.cached_tokens, t.verdict == "corrupt")
+            for r in runs for s in r.run.sessions for t in s.turns if t.status == "ok" and t.prompt_tokens]
+    if not rows:
+        return None
+    prompts = np.array([row[0] for row in rows], dtype=float)
+    corrupt = np.array([row[2] for row in rows])
+    fig, (by_size, by_share) = subplots((10, 3.2), 1, 2, squeeze=True, wspace=0.3)
+    edges = np.unique(np.round(np.quantile(prompts, np.linspace(0, 1, SIZE_BINS + 1))))
+    if len(edges) > 1:
+        _rate_bars(by_size, prompts, corrupt, edges, _compact)
+    by_size.set_xlabel("prompt tokens")
+    cached = [i for i, row in enumerate(rows) if row[1] is not None]
+    if cached:
+        shares = np.clip(np.array([rows[i][1] / rows[i][0] for i in cached]), 0, 1)
+        _rate_bars(by_share, shares, corrupt[cached], np.array(SHARE_BINS), lambda v: f"{v:.0%}")
+    by_share.set_xlabel("cached share of the prompt (usage.cached_tokens)")
+    return Plot("Corruption by prompt size and by cached-token share",
+                "Share of answered turns judged corrupt per prompt-size bin and per cached-token share bin",
+                encode_figure(fig))
+
+
 def metrics_plot(run: RunView, metrics: pd.DataFrame) -> Plot | None:
-    """A few sglang: series over time (t_s, metric, labels, value), one panel per metric."""
-    frame = metrics[metrics["metric"].astype(str).str.startswith("sglang:")]
+    """A few of the server's own series (sglang: or vllm:) over time (t_s, metric, labels, value), one panel per metric."""
+    frame = metrics[metrics["metric"].astype(str).str.startswith(SERVER_PREFIXES)]
     if frame.empty:
         return None
     present = list(dict.fromkeys(frame["metric"].astype(str)))
-    bare = {name.removeprefix("sglang:"): name for name in present}
+    bare = {name.split(":", 1)[1]: name for name in present}
     chosen = [bare[m] for m in PREFERRED_METRICS if m in bare]
-    chosen += [m for m in present if m not in chosen and not m.endswith(("_bucket", "_created"))]
+    # A configuration's *_info gauge is a constant 1: nothing to plot.
+    chosen += [m for m in present if m not in chosen and not m.endswith(("_bucket", "_created", "_info"))]
     chosen = chosen[:MAX_METRICS]
+    # The turns judged corrupt, on the metrics' time axis (both count from the start of the load).
+    corrupt_starts = [t.start_s for s in run.run.sessions for t in s.turns if t.verdict == "corrupt"]
     fig, axes = subplots((10, 0.3 + 1.9 * len(chosen)), len(chosen), 1, sharex=True, squeeze=False, left=1.0)
     for ax, metric in zip(axes[:, 0], chosen):
         part = frame[frame["metric"] == metric]
         for labels, series in part.groupby(part["labels"].fillna("").astype(str), sort=True):
             series = series.sort_values("t_s")
             ax.plot(series["t_s"], series["value"], label=_short(labels) if labels else None)
-        ax.set_ylabel(metric.removeprefix("sglang:"), fontsize="small")
+        ax.set_ylabel(metric.split(":", 1)[1], fontsize="small")
         ax.grid(alpha=0.3)
+        for start in corrupt_starts:
+            ax.axvline(start, color=OUTCOME_COLOURS["corrupt"], alpha=0.35, linewidth=0.8)
+    if corrupt_starts:
+        axes[0, 0].legend(handles=[Line2D([0], [0], color=OUTCOME_COLOURS["corrupt"], label="corrupt turn sent")],
+                          fontsize="small", loc="upper right")
     axes[-1, 0].set_xlabel("seconds since the run started")
     return Plot(f"Server metrics: {run.name}", "Server metrics over time", encode_figure(fig))

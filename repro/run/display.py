@@ -16,6 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from repro.run.load import LoadProgress
+from repro.store.exercise import fact_lines
 from repro.store.records import Percentiles, RateEstimate, Summary
 
 LIVE_REFRESH_PER_S = 4
@@ -122,8 +123,16 @@ def final_view(summary: Summary, run_dir: Path) -> Group:
         stop = summary.stopping
         rates.add_row("stopped", escape(f"{stop.decision} after {stop.sessions} of {stop.cap} sessions "
                                         f"({stop.looks} look{'s' if stop.looks != 1 else ''}): {stop.reason}"))
+    if summary.exercised is not None:
+        rates.add_row("server did", escape("; ".join(fact_lines(summary.exercised))))
+        for feature in summary.exercised.features:
+            style = {"exercised": "green", "not exercised": "yellow"}.get(feature.status, "")
+            rates.add_row(f"[{style}]{feature.status}[/]" if style else feature.status, escape(feature.line))
+    # A feature left idle was printed just above: the inconclusive row says only what else is thin.
+    shown = {f.line for f in summary.exercised.features} if summary.exercised is not None else set()
+    others = [reason for reason in summary.inconclusive_reasons if reason not in shown]
     if summary.inconclusive:
-        rates.add_row("[yellow]inconclusive[/]", escape("; ".join(summary.inconclusive_reasons)))
+        rates.add_row("[yellow]inconclusive[/]", escape("; ".join(others) or "a feature was not exercised (above)"))
     lag = summary.loop_lag
     if lag is not None and lag.p99 is not None and lag.p99 > LAG_WARNING_S:
         rates.add_row(

@@ -15,11 +15,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 from repro.errors import EXIT_FAILED, EXIT_INCONCLUSIVE, EXIT_OK, UsageError
-from repro.store.records import OutcomeCounts
 from repro.report.junit import gate_cases, junit_xml
 from repro.report.model import fmt_conf, fmt_pct
+from repro.run.stopping import BaselineRule, StoppingRule, max_looks, replay, waves_of
 from repro.stats import assess_inconclusive, clopper_pearson, upper_bound
 from repro.stats.verdict import MAX_TIMEOUT_FRACTION, MIN_COMPLETED
+from repro.store.records import OutcomeCounts
 from repro.store.rundir import DamagedRun, Run, load_run
 
 CheckStatus = Literal["pass", "fail", "inconclusive"]
@@ -150,8 +151,6 @@ def _sequential_rate(run: Run, *, limit: float, confidence: float, min_completed
     """The rate check of a `--until-decided` run: its looks replayed from sessions.jsonl under the gate's own
     limit and confidence. The confidence sequence is valid at every look at once, so the verdict keeps its
     error rate whatever made the run stop (repro.run.stopping)."""
-    from repro.run.stopping import StoppingRule, replay, waves_of
-
     assert run.summary is not None and run.summary.stopping is not None
     rule = StoppingRule(limit=limit, confidence=confidence, min_completed=min_completed)
     looks = replay(rule, waves_of(run.sessions, run.summary.stopping.wave))
@@ -170,8 +169,6 @@ def _sequential_rate(run: Run, *, limit: float, confidence: float, min_completed
 def _sequential_baseline(run: Run, base: Run, *, confidence: float) -> GateCheck:
     """The baseline check of a run that stopped against a baseline: its group-sequential looks replayed, each at
     alpha over the planned looks (repro.run.stopping), so stopping early does not raise the error rate."""
-    from repro.run.stopping import BaselineRule, max_looks, replay, waves_of
-
     assert run.summary is not None and run.summary.stopping is not None
     stop = run.summary.stopping
     ref = OutcomeCounts.of(base.sessions)
@@ -212,6 +209,21 @@ def _baseline(counts: OutcomeCounts, base: Run, *, confidence: float) -> GateChe
                      numbers)
 
 
+def _exercised(run: Run) -> GateCheck | None:
+    """Did the load make every feature the server had on act? A feature that never did makes a clean rate
+    meaningless for it: inconclusive, naming the feature and the metric. None for runs that recorded nothing."""
+    exercise = run.summary.exercised if run.summary is not None else None
+    if exercise is None or not exercise.features:
+        return None
+    idle = exercise.idle()
+    numbers = {f.feature: {"status": f.status, "metric": f.metric, "value": exercise.facts[f.fact].value}
+               for f in exercise.features}
+    if idle:
+        return GateCheck("exercised", "inconclusive", "exercised: INCONCLUSIVE: " + "; ".join(f.line for f in idle),
+                         numbers)
+    return GateCheck("exercised", "pass", "exercised: ok: " + "; ".join(f.line for f in exercise.features), numbers)
+
+
 def evaluate(
     run_dir: Run | Path | str,
     *,
@@ -248,6 +260,9 @@ def evaluate(
         _sequential_rate(run, limit=max_corruption_rate, confidence=confidence, min_completed=min_completed)
         if sequential else _rate(counts, limit=max_corruption_rate, confidence=confidence),
     ]
+    exercised = _exercised(run)
+    if exercised is not None:
+        checks.insert(2, exercised)
     if base is not None:
         stop = run.summary.stopping if run.summary is not None else None
         checks.append(_sequential_baseline(run, base, confidence=confidence) if stop is not None and stop.baseline

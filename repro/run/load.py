@@ -142,6 +142,7 @@ async def run_load(
             progress.in_flight += 1
             try:
                 record = await session.run()
+                await session.leave()
             finally:
                 progress.in_flight -= 1
             del in_flight[index]

@@ -84,10 +84,9 @@ class MetricsScraper:
             return False
         return True
 
-    async def run(self, origin: float) -> None:
-        """Scrape until cancelled; stop for good if the very first scrape finds no metrics or a write fails."""
-        if not await self.scrape_once(origin):
-            return
+    async def follow(self, origin: float) -> None:
+        """Scrape every `interval` until cancelled or a write fails; the caller took the first scrape
+        (before the load, so that counters are read as what the load added to them)."""
         while self.error is None:
             await anyio.sleep(self.interval)
             await self.scrape_once(origin)

@@ -6,8 +6,10 @@
   and the generated text is rebuilt from the token strings (repro.wire.rawtext).
 - `both` / `raw` with source `completions` or `generate` (a server whose chat logprobs do not cover
   the tool-call tokens): the conversation is rendered client-side by DeepSeek's encoder and sent to
-  the raw-text endpoint; the tool calls are parsed client-side by an emulation of a real server's
-  parser (`dsml_checker.server_parsers.parse_as`), and the session goes on with those.
+  the raw-text endpoint; the tool calls are parsed client-side as a real server's parser does
+  (`dsml_checker.server_parsers.parse_as`: DeepSeek's own parser for sglang-0.5.23 where it is
+  installed, else an emulation), and the session goes on with those. A text the parser raises on
+  becomes the turn's `parser-error` finding, as the server would have failed the request.
 
 `judge` gives each turn its verdicts (`dsml_checker.verdicts.judge_turn`): on the parsed message (what
 an agent saw, so the same as in `parsed` mode), on the raw text (what the model emitted), on what the
@@ -20,12 +22,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from dsml_checker import Verdict, check, encode_messages
-from dsml_checker.server_parsers import DEFAULT_PARSER, parse_as
+from dsml_checker import Verdict, check, check_raw, encode_messages
+from dsml_checker.findings import make_finding
+from dsml_checker.server_parsers import DEFAULT_PARSER, NativeParserError, implementation, parse_as
 from dsml_checker.verdicts import judge_turn
-from repro.wire.rawtext import RawCollector, RawSource, RawText, collector
 from repro.store.records import FindingRecord, TurnVerdict
 from repro.untrusted import parse_json
+from repro.wire.rawtext import RawCollector, RawSource, RawText, collector
 
 ObserveMode = Literal["raw", "parsed", "both"]
 RawEndpoint = Literal["completions", "generate"]
@@ -63,13 +66,16 @@ class ObservePlan:
         if self.source == "logprobs":
             request = "the production chat request with logprobs: true, top_logprobs: 0"
         elif self.text_endpoint:
-            parsed_on = f"a client-side emulation of the {self.client_parser} parser over the {self.source} text"
+            parser = self.client_parser or DEFAULT_PARSER
+            parsed_on = f"the {parser} parser ({implementation(parser)}) run client-side over the {self.source} text"
             request = f"{self.source} request with the prompt rendered client-side (DeepSeek encoder, {self.fmt})"
         return {
             "mode": self.mode,
             "raw_source": self.source,
             "raw_url": self.raw_url,
             "client_parser": self.client_parser if self.text_endpoint else None,
+            "client_parser_implementation": implementation(self.client_parser or DEFAULT_PARSER)
+            if self.text_endpoint else None,
             "fmt": self.fmt,
             "parsed_verdict_on": parsed_on,
             "request": request,
@@ -107,11 +113,16 @@ def _check_renderable(messages: list[dict[str, Any]]) -> None:
                 )
 
 
+RENDERED = frozenset({"messages", "tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs"})
+"""Chat fields the client-side rendering consumes (the prompt holds them); a raw-text request carries the rest."""
+
+
 def text_request(source: RawSource, payload: dict[str, Any], *, fmt: str, thinking: bool) -> dict[str, Any]:
     """A chat payload as a raw-text request: the conversation rendered to a prompt, the same sampling.
 
     The prompt has no BOS: both servers tokenize a text prompt with the tokenizer's special tokens and
     would add it twice. Special tokens are kept in the output, so the end of sentence can be judged.
+    Every field but those in `RENDERED` is carried over (`max_tokens` is `max_new_tokens` for /generate).
     RenderError when the history cannot be rendered (a server's chat endpoint would refuse it too).
     """
     _check_renderable(payload["messages"])
@@ -121,13 +132,16 @@ def text_request(source: RawSource, payload: dict[str, Any], *, fmt: str, thinki
         )
     except ValueError as err:
         raise RenderError(f"cannot render the conversation for the raw-text endpoint: {err}") from None
-    sampling = {"max_tokens": payload.get("max_tokens"), "temperature": payload.get("temperature")}
+    # Everything else the chat request carries goes along: the scenario's sampling and the user's
+    # `--extra-body` (a structured-output constraint, say), which the raw-text lane must not lose.
+    rest = {key: value for key, value in payload.items() if key not in RENDERED and value is not None}
     if source == "generate":
-        params = {"max_new_tokens": sampling["max_tokens"], "temperature": sampling["temperature"]}
-        params = {key: value for key, value in params.items() if value is not None}
-        return {"text": prompt, "sampling_params": {**params, **KEEP_SPECIAL}}
-    body = {"model": payload.get("model"), "prompt": prompt, **sampling, **KEEP_SPECIAL}
-    return {key: value for key, value in body.items() if value is not None}
+        # SGLang's /generate takes every sampling field, constraints included, in `sampling_params`.
+        if "max_tokens" in rest:
+            rest["max_new_tokens"] = rest.pop("max_tokens")
+        rest.pop("model", None)
+        return {"text": prompt, "sampling_params": {**rest, **KEEP_SPECIAL}}
+    return {**rest, "prompt": prompt, **KEEP_SPECIAL}
 
 
 def turn_request(plan: ObservePlan, payload: dict[str, Any]) -> tuple[dict[str, Any], RawCollector | None]:
@@ -141,20 +155,25 @@ def turn_request(plan: ObservePlan, payload: dict[str, Any]) -> tuple[dict[str, 
 
 def parse_text(
     plan: ObservePlan, text: str, finish_reason: str | None, *, tools: Any, tool_choice: Any, turn: int
-) -> tuple[dict[str, Any], str | None]:
-    """A raw-text endpoint's text as the message and finish reason the emulated server would have returned."""
-    parsed = parse_as(
-        plan.client_parser or DEFAULT_PARSER,
-        text,
-        tools=tools,
-        tool_choice=tool_choice,
-        fmt=plan.fmt,
-        finish_reason=finish_reason if finish_reason in ("stop", "length") else None,
-    )
+) -> tuple[dict[str, Any], str | None, str | None]:
+    """A raw-text endpoint's text as the message and finish reason the server would have returned, and the
+    parser's error when it raised on the text (then an empty message: the server would have answered none)."""
+    try:
+        parsed = parse_as(
+            plan.client_parser or DEFAULT_PARSER,
+            text,
+            tools=tools,
+            tool_choice=tool_choice,
+            fmt=plan.fmt,
+            finish_reason=finish_reason if finish_reason in ("stop", "length") else None,
+            thinking=plan.thinking,
+        )
+    except NativeParserError as err:
+        return {"role": "assistant", "content": "", "reasoning_content": None, "tool_calls": None}, finish_reason, str(err)
     message = parsed.message()
     for position, call in enumerate(message["tool_calls"] or []):
         call["id"] = f"call_{turn}_{position}"
-    return message, parsed.finish_reason
+    return message, parsed.finish_reason, None
 
 
 @dataclass(frozen=True)
@@ -177,13 +196,23 @@ def judge(
     tools: Any,
     tool_choice: Any,
     rawtext: RawText | None,
+    parser_error: str | None = None,
 ) -> Judgement:
-    """Both verdicts of a turn and how they combine under the plan's mode (module docstring)."""
+    """Both verdicts of a turn and how they combine under the plan's mode (module docstring). A client-side
+    parser's error is a hard `parser-error` finding on the parsed verdict (the server would have failed)."""
+    if parser_error is not None:
+        failed = Verdict.of((make_finding("parser-error", "parser", parser_error, 0, len(parser_error)),))
+        raw = None
+        if rawtext is not None and rawtext.complete:
+            raw = check_raw(rawtext.text, tools=tools, tool_choice=tool_choice, finish_reason=finish_reason,
+                            fmt=plan.fmt, thinking=plan.thinking)
+        return Judgement(raw.label if plan.mode == "raw" and raw is not None else "corrupt", failed, raw)
     if rawtext is None or not rawtext.complete:
         parsed = check(message, finish_reason=finish_reason, tools=tools, tool_choice=tool_choice)
         return Judgement(parsed.label, parsed, None)
     verdicts = judge_turn(
-        message, rawtext.text, finish_reason=finish_reason, tools=tools, tool_choice=tool_choice, fmt=plan.fmt
+        message, rawtext.text, finish_reason=finish_reason, tools=tools, tool_choice=tool_choice, fmt=plan.fmt,
+        thinking=plan.thinking,
     )
     label = verdicts.raw.label if plan.mode == "raw" else verdicts.label
     return Judgement(label, verdicts.parsed, verdicts.raw, verdicts.lost)

@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dsml_checker.server_parsers import DEFAULT_PARSER
-from repro.wire.client import make_client, send_turn
 from repro.errors import UsageError
 from repro.run.metrics import server_root
 from repro.run.observe import (
@@ -26,6 +25,7 @@ from repro.run.observe import (
     RawEndpoint,
     text_request,
 )
+from repro.wire.client import make_client, send_turn
 from repro.wire.rawtext import LogprobText, collector
 from repro.wire.transport import Endpoint
 

@@ -27,9 +27,9 @@ from urllib.parse import urlsplit
 
 import anyio
 
-from repro.errors import InternalError, UsageError
 from repro.cluster.node import where
 from repro.cluster.rayutil import LOOPBACK, alive_nodes, error_line, fits, task_options
+from repro.errors import InternalError, UsageError
 from repro.run.shards import Frame, Link, ShardJob, Transport, play_shard
 
 PLACE_TIMEOUT_S = 120.0

@@ -17,8 +17,8 @@ from typing import Any
 
 import anyio
 
-from repro.store.records import SessionRecord
 from repro.run.session import Session
+from repro.store.records import SessionRecord
 from repro.workload.trace import Conversation, Trace
 
 

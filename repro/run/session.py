@@ -22,14 +22,24 @@ from typing import Any, Callable
 
 import anyio
 
-from repro.workload import sandbox
-from repro.wire.client import MAX_TURN_BYTES, BodyEncoder, TurnResult, send_turn
-from repro.run.observe import Judgement, ObservePlan, RenderError, finding_records, judge, parse_text, turn_request
-from repro.wire.rawtext import RawText
+from repro.run import clock
+from repro.run.observe import (
+    Judgement,
+    ObservePlan,
+    RenderError,
+    finding_records,
+    judge,
+    parse_text,
+    turn_request,
+)
 from repro.store.records import SessionRecord, TurnRecord, corrupt_seen
-from repro.workload.trace import Trace
+from repro.wire.client import MAX_TURN_BYTES, BodyEncoder, TurnResult, send_turn
+from repro.wire.rawtext import RawText
+from repro.workload.context import context_document
 from repro.wire.transport import Endpoint, HTTPClient
+from repro.workload import sandbox
 from repro.workload.scenario import Workload
+from repro.workload.trace import Trace
 
 _OFF_LOOP_BYTES = 1 << 16
 """Replies this long or longer are judged off the event loop (about a millisecond of checking per 64 KB)."""
@@ -58,6 +68,8 @@ class SessionConfig:
     extra_body: dict[str, Any] = field(default_factory=dict)
     headers: dict[str, str] = field(default_factory=dict)
     observe: ObservePlan = field(default_factory=ObservePlan)
+    clock_url: str | None = None
+    """A simulator on the virtual clock: where sessions say they ended (repro.run.clock); None otherwise."""
 
     # Built once per run, not per turn: both showed up in the client's CPU profile.
     @functools.cached_property
@@ -77,8 +89,11 @@ class SessionConfig:
         if isinstance(workload, Trace):
             conversation = workload.conversation(session_id)
             return [message.sent() for message in conversation.messages[: conversation.turn_positions()[0]]]
+        context = ([{"role": "user", "content": context_document(session_id, self.seed, workload.context_tokens)}]
+                   if workload.context_tokens else [])
         return [
             {"role": "system", "content": workload.system_prompt},
+            *context,
             {"role": "user", "content": workload.task_for(session_id, self.seed)},
         ]
 
@@ -122,7 +137,8 @@ def _assistant_message(message: dict[str, Any], turn: int) -> tuple[dict[str, An
     return history, calls
 
 
-async def _judge(plan: ObservePlan, result: TurnResult, tools: Any, tool_choice: Any, rawtext: RawText | None) -> Judgement:
+async def _judge(plan: ObservePlan, result: TurnResult, tools: Any, tool_choice: Any, rawtext: RawText | None,
+                 parser_error: str | None = None) -> Judgement:
     """The turn's verdicts; a long reply is judged in a worker thread, so the event loop goes on timing the
     other sessions (their stall watchdogs, their chunk gaps) meanwhile.
 
@@ -132,7 +148,8 @@ async def _judge(plan: ObservePlan, result: TurnResult, tools: Any, tool_choice:
     """
     assert result.message is not None
     verdicts = functools.partial(
-        judge, plan, result.message, finish_reason=result.finish_reason, tools=tools, tool_choice=tool_choice, rawtext=rawtext
+        judge, plan, result.message, finish_reason=result.finish_reason, tools=tools, tool_choice=tool_choice, rawtext=rawtext,
+        parser_error=parser_error,
     )
     if len(result.raw) < _OFF_LOOP_BYTES:
         return verdicts()
@@ -207,6 +224,16 @@ class Session:
         self.finished = True
         return False
 
+    def _headers(self) -> dict[str, str] | None:
+        if self.config.clock_url is None:
+            return self.config.headers or None
+        return {**self.config.headers, **clock.session_headers(self.session_id)}
+
+    async def leave(self) -> None:
+        """After `run()`: a simulator on the virtual clock stops waiting for this session."""
+        if self.config.clock_url is not None:
+            await clock.end(self.config.clock_url, self.session_id)
+
     def _payload(self) -> dict[str, Any]:
         """The chat request for the conversation so far."""
         return self.config.payload(self.messages)
@@ -238,17 +265,18 @@ class Session:
             stream=config.stream,
             turn_timeout=budget,
             stall_timeout=config.stall_timeout,
-            headers=config.headers or None,
+            headers=self._headers(),
             max_bytes=config.max_turn_bytes,
             rawtext=collector,
             encoder=self.encoder,
         )
         record = self._turn_record(index, start_s, result)
         rawtext: RawText | None = None
+        parser_error: str | None = None
         if collector is not None and result.status == "ok":
             rawtext = collector.result(result.message)
             if config.observe.text_endpoint:
-                result.message, result.finish_reason = parse_text(
+                result.message, result.finish_reason, parser_error = parse_text(
                     config.observe, rawtext.text, result.finish_reason,
                     tools=self._tools, tool_choice=self._tool_choice, turn=index,
                 )
@@ -261,7 +289,7 @@ class Session:
                 self.error = f"session budget of {config.timeout:g}s used up during turn {index}"
             self._add(record, result)
             return None
-        judgement = await _judge(config.observe, result, self._tools, self._tool_choice, rawtext)
+        judgement = await _judge(config.observe, result, self._tools, self._tool_choice, rawtext, parser_error)
         self._record_judgement(record, judgement, rawtext)
         record.tool_calls = [call["function"]["name"] for call in _assistant_message(result.message, index)[1]]
         self._add(record, result, rawtext)

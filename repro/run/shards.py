@@ -35,12 +35,15 @@ import anyio
 from anyio.abc import ByteStream
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from repro.errors import InternalError, stopping
-from repro.run.load import LoadProgress, LoadResult
 from repro.cluster.node import where
+from repro.errors import InternalError, handle_interrupts, stopping
+from repro.procs.limits import ensure_open_files
 from repro.procs.process import ManagedProcess, one_line, python_module, start_process
+from repro.run.load import LoadProgress, LoadResult, run_load
+from repro.run.session import RawKeeper, Session, SessionConfig
 from repro.store.records import SessionRecord
-from repro.run.session import RawKeeper, SessionConfig
+from repro.store.rundir import raw_name
+from repro.wire.client import make_client
 
 CONNECT_TIMEOUT_S = 60.0
 """Time for every worker to start (import repro) and connect."""
@@ -264,12 +267,6 @@ async def run_sharded(
 async def play_shard(job: ShardJob, emit: Callable[[Frame], None], stop: anyio.Event) -> None:
     """In a worker, whatever the transport: play the job's sessions; every frame goes to `emit` (which must
     not block), `done` last. Setting `stop` cuts the sessions in flight short."""
-    from repro.wire.client import make_client
-    from repro.run.load import run_load
-    from repro.run.runner import ensure_open_files
-    from repro.run.session import Session
-    from repro.store.rundir import raw_name
-
     ids = job.session_ids()
     ensure_open_files(job.concurrency)
     origin = time.perf_counter() - job.elapsed
@@ -434,8 +431,6 @@ async def _work(socket_path: str, index: int) -> None:
 
 def main() -> None:
     """`python -m repro.run.shards SOCKET INDEX`: started by the driver only."""
-    from repro.errors import handle_interrupts
-
     handle_interrupts()
     # uvloop (`pip install 'repro[fast]'`) when installed: a worker's event loop does little but I/O callbacks.
     uvloop = importlib.util.find_spec("uvloop") is not None

@@ -26,8 +26,11 @@ import math
 from dataclasses import dataclass
 from typing import Iterable, Literal, Protocol, Sequence
 
-from repro.store.records import OutcomeCounts, SessionRecord, StoppingRecord
+from repro.errors import UsageError
+from repro.run.options import RunOptions
 from repro.stats.verdict import MIN_COMPLETED
+from repro.store.records import OutcomeCounts, SessionRecord, StoppingRecord
+from repro.store.rundir import DamagedRun, load_run
 
 StopDecision = Literal["pass", "fail", "undecided"]
 RULE = "beta-binomial mixture confidence sequence"
@@ -178,4 +181,25 @@ def stopping_record(rule: StoppingRule | BaselineRule, looks: Sequence[Look], *,
         confidence=rule.confidence, wave=wave, cap=cap, looks=len(looks), sessions=last.sessions,
         decision=decision, reason=reason, low=last.low, high=last.high,
         baseline=rule.baseline if against else None, margin=rule.margin if against else None,
+    )
+
+
+def rule_for(options: RunOptions) -> "StoppingRule | BaselineRule | None":
+    """The `--until-decided` rule: against the baseline when one is given, else against the limit."""
+    if not options.until_decided:
+        return None
+    if options.baseline is None:
+        assert options.max_corruption_rate is not None  # RunOptions._stopping_needs
+        return StoppingRule(limit=options.max_corruption_rate, confidence=options.confidence)
+    try:
+        base = load_run(options.baseline)
+    except (DamagedRun, UsageError) as err:
+        raise UsageError(f"--baseline: {err}") from None
+    if base.summary is None or base.summary.interrupted:
+        raise UsageError(f"--baseline {options.baseline}: the run did not finish; compare against a finished run")
+    counts = OutcomeCounts.of(base.sessions)
+    return BaselineRule(
+        baseline_corrupt=counts.corrupt, baseline_completed=counts.completed,
+        max_looks=max_looks(options.sessions, options.concurrency or options.sessions), margin=options.margin,
+        confidence=options.confidence, baseline=base.name,
     )

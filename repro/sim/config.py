@@ -12,6 +12,7 @@ from typing import Any, Literal, NoReturn, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from dsml_checker.server_parsers import implementation
 from repro.errors import UsageError, describe_validation_error
 
 SIM_VERSION = "0.5.0-sim"
@@ -28,7 +29,8 @@ class SimConfig(BaseModel):
     served_model_name: str = "deepseek-ai/DeepSeek-V4"
     tool_call_parser: str = "deepseekv4"
     tool_parser: Literal["sglang-0.5.23", "sglang-0.5.20", "vllm-0.33"] = "sglang-0.5.23"
-    """Whose DeepSeek-V4 parser the server emulates (dsml_checker.server_parsers.PARSERS)."""
+    """Whose DeepSeek-V4 parser the server runs (dsml_checker.server_parsers.PARSERS): the real one where it is
+    installed (sglang-0.5.23: deepseek-recipe), else its emulation; /server_info says which."""
     reasoning_parser: str = "deepseek-v4"
     kv_cache_dtype: str = "fp8_e4m3"
     page_size: int = Field(64, ge=1)
@@ -54,7 +56,13 @@ class SimConfig(BaseModel):
     index_k_gate: bool = False
     """The fix: the index-K read waits for its layer's load-back like the main-KV read does."""
     time_scale: float = Field(0.2, ge=0)
-    """Real seconds per simulated second (0 runs the clock as fast as the CPU allows)."""
+    """Real seconds per simulated second (0 runs the clock as fast as the CPU allows); the real clock only."""
+    clock: Literal["real", "virtual"] = "real"
+    """real: the engine keeps pace with the wall clock, and when a client's turn lands depends on the machine.
+    virtual: the engine steps once every session the client declared has its request in (repro.sim.lockstep):
+    the same seed and flags give the same faults at any machine load."""
+    lockstep_patience: float = Field(60.0, gt=0)
+    """Virtual clock: real seconds the engine waits for a missing session before it steps without it."""
     seed: int = 0
     final_after_turns: int = Field(6, ge=1)
     """Answer with a final text once the conversation holds this many assistant turns."""
@@ -78,13 +86,17 @@ _FLAG_HELP: dict[str, str] = {
     "enable_hierarchical_cache": "HiCache: evicted prefix pages move to a host tier and are loaded back layer by layer",
     "index_k_dtype": "index-K storage: bf16 copies twice the bytes of fp8 per layer",
     "index_k_gate": "the fix: gate the index-K read on its layer's load-back",
-    "time_scale": "real seconds per simulated second",
+    "time_scale": "real seconds per simulated second (real clock)",
+    "clock": "real (paced by the wall clock) or virtual (steps once the client's declared sessions are in: "
+             "the same seed gives the same faults at any machine load)",
+    "lockstep_patience": "virtual clock: real seconds to wait for a missing session before stepping without it",
     "final_after_turns": "assistant turns before the model gives a final answer",
     "fault_log": "JSON-lines file recording every injected fault (ground truth)",
     "logprobs_coverage": "chat log-probabilities: full (as SGLang 0.5.23), no-tool-calls (withheld from the "
                          "tool-call block on), or none",
     "warmup": "seconds during which /health answers 503",
-    "tool_parser": "the server-side parser emulated: sglang-0.5.23 (deepseek-recipe), sglang-0.5.20 or vllm-0.33",
+    "tool_parser": "the server-side parser: sglang-0.5.23 (deepseek-recipe itself where installed, else its "
+                   "emulation), sglang-0.5.20 or vllm-0.33 (emulated)",
 }
 
 
@@ -126,7 +138,7 @@ def parse_flags(argv: Sequence[str], *, prog: str = "repro sim serve") -> SimCon
 def server_info(config: SimConfig) -> dict[str, Any]:
     """The `/server_info` body: every flag under SGLang's key name, the version, and the simulator marker."""
     info: dict[str, Any] = config.model_dump(mode="json")
-    info.update(version=SIM_VERSION, simulator=True)
+    info.update(version=SIM_VERSION, simulator=True, tool_parser_implementation=implementation(config.tool_parser))
     if config.disaggregation_mode != "null":
         info["pd_topology"] = "simulated: one process stands for the prefill server, the decode server and the router"
     return info

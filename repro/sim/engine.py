@@ -4,6 +4,10 @@ Time is simulated: every scheduler step advances `now` by its modelled cost and 
 `cost * time_scale` real seconds, so streams receive tokens at the engine's pace. A step is either a
 prefill batch (admitted from the waiting queue) or a decode step of every running request.
 
+On the virtual clock (`--clock virtual`) the loop does not wait real time: it steps as soon as every
+session the client declared has its request in (repro.sim.lockstep), so the same seed and flags give the
+same schedule, and the same faults, however loaded the machine is.
+
 The race is mechanistic. When HiCache is on and a request reuses prefix pages that were evicted to the
 host tier, its prefill loads them back layer by layer on a link shared by every load-back of the batch.
 Per layer the copy moves the index-K bytes, then the main-KV bytes. The forward reads layers in order:
@@ -20,11 +24,13 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import sys
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Callable
 
 from repro.sim.config import SimConfig
+from repro.sim.lockstep import Lockstep, session_order
 from repro.sim.pd import DecodeTransfers, Transfer, Wedge
 
 CHARS_PER_TOKEN = 4
@@ -128,6 +134,8 @@ class EngineRequest:
     """PD: called when its transfer's completion notice is lost."""
     error: str | None = None
     """Why the engine failed it (a PD transfer that timed out); None otherwise."""
+    session: str | None = None
+    """The client's session (its X-Repro-Session header), which the virtual clock waits for."""
 
 
 class PrefixCache:
@@ -204,8 +212,10 @@ class Counters:
     load_back_tokens: int = 0
     requests: int = 0
     aborted: int = 0
-    cuda_graph_passes: int = 0
+    decode_passes: int = 0
     transfer_failed: int = 0
+    last_transfer_mb: float = 0.0
+    """PD: the KV of the latest completed transfer, as SGLang's kv_transfer_total_mb gauge shows it."""
 
 
 class Engine:
@@ -227,16 +237,31 @@ class Engine:
         if config.disaggregation_mode != "null":
             self.pd = DecodeTransfers(config.disaggregation_metadata_slots, config.disaggregation_waiting_timeout)
         self._wake = asyncio.Event()
+        self.lockstep = Lockstep(config.lockstep_patience) if config.clock == "virtual" else None
+        self.arrivals: list[EngineRequest] = []
+        """Virtual clock: requests that arrived since the last step, admitted in session order at the next."""
+        self.inflight: set[EngineRequest] = set()
 
     # --- public interface -------------------------------------------------------------------
 
     def submit(self, request: EngineRequest) -> None:
         request.arrival_real = asyncio.get_running_loop().time()
+        self.inflight.add(request)
+        if self.lockstep is not None:
+            self.arrivals.append(request)
+        else:
+            self._enqueue(request)
+        self._wake.set()
+
+    def poke(self) -> None:
+        """Look again whether a step can run (the virtual clock's load changed)."""
+        self._wake.set()
+
+    def _enqueue(self, request: EngineRequest) -> None:
         if self.pd is not None and not request.fake_transfer:
             self.pd.add(request)
         else:
             self.waiting.append(request)
-        self._wake.set()
 
     def abort(self, request: EngineRequest) -> None:
         """Drop a request whose client went away, freeing what it holds."""
@@ -244,9 +269,12 @@ class Engine:
             return
         request.aborted = True
         self.counters.aborted += 1
+        self.inflight.discard(request)
         if self.pd is not None:
             self.pd.forget(request)
-        if request in self.waiting:
+        if request in self.arrivals:
+            self.arrivals.remove(request)
+        elif request in self.waiting:
             self.waiting.remove(request)
         elif request in self.running:
             self.running.remove(request)
@@ -256,14 +284,15 @@ class Engine:
             self._release(request)
         request.finished = True
         request.changed.set()
+        self._wake.set()
 
     @property
     def busy(self) -> bool:
-        return bool(self.waiting or self.running or (self.pd is not None and self.pd.pending))
+        return bool(self.arrivals or self.waiting or self.running or (self.pd is not None and self.pd.pending))
 
     def num_requests(self) -> int:
         """Requests anywhere in the engine, each counted once (a PD request can wait in two queues)."""
-        queues = [self.waiting, self.running] + ([self.pd.prealloc, self.pd.queue] if self.pd is not None else [])
+        queues = [self.arrivals, self.waiting, self.running] + ([self.pd.prealloc, self.pd.queue] if self.pd is not None else [])
         return len({id(r) for queue in queues for r in queue})
 
     def used_tokens(self) -> int:
@@ -274,6 +303,8 @@ class Engine:
 
     async def run(self) -> None:
         """The scheduler loop; runs until cancelled."""
+        if self.lockstep is not None:
+            await self._run_virtual(self.lockstep)
         loop = asyncio.get_running_loop()
         real0, sim0 = loop.time(), self.now
         while True:
@@ -288,6 +319,35 @@ class Engine:
                 # The CPU fell behind the clock: re-anchor rather than burst through the backlog.
                 real0, sim0 = loop.time(), self.now
             await asyncio.sleep(max(0.0, -behind))
+
+    async def _run_virtual(self, lockstep: Lockstep) -> None:
+        """The loop on the virtual clock: a step as soon as the declared sessions are all in, no real waiting."""
+        loop = asyncio.get_running_loop()
+        give_up: float | None = None
+        while True:
+            if not self.busy:
+                give_up = None
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            if not lockstep.ready(r.session for r in self.inflight):
+                give_up = give_up or loop.time() + lockstep.patience_s
+                self._wake.clear()
+                try:
+                    await asyncio.wait_for(self._wake.wait(), max(0.0, give_up - loop.time()))
+                    continue
+                except asyncio.TimeoutError:
+                    lockstep.timeouts += 1
+                    print(f"sim: virtual clock: stepped without every session after {lockstep.patience_s:g}s "
+                          f"of waiting ({lockstep.status()}); this run's schedule is no longer reproducible",
+                          file=sys.stderr, flush=True)
+            give_up = None
+            for request in sorted(self.arrivals, key=lambda r: session_order(r.session)):
+                self._enqueue(request)
+            self.arrivals.clear()
+            self.now += self.step()
+            # Lets the streams and the clients' next turns in before the next look.
+            await asyncio.sleep(0)
 
     # --- scheduling ----------------------------------------------------------------------------
 
@@ -309,6 +369,7 @@ class Engine:
         # A claimed slot is the decode side's handshake: the prefill side may now schedule the request.
         self.waiting.extend(claimed)
         for request in transferred:
+            self.counters.last_transfer_mb = self._kv_bytes(request) / 1e6
             self.running.append(request)
             self._emit(request, 1)
         for request in failed:
@@ -317,6 +378,7 @@ class Engine:
 
     def _fail(self, request: EngineRequest, reason: str) -> None:
         self.counters.transfer_failed += 1
+        self.inflight.discard(request)
         if request in self.waiting:
             self.waiting.remove(request)
         else:
@@ -325,9 +387,11 @@ class Engine:
         request.finished = True
         request.changed.set()
 
+    def _kv_bytes(self, request: EngineRequest) -> float:
+        return request.prompt_tokens * self.costs.layers * (self.costs.main_kv_bytes + self.index_k_bytes)
+
     def _kv_transfer_s(self, request: EngineRequest) -> float:
-        per_token = self.costs.layers * (self.costs.main_kv_bytes + self.index_k_bytes)
-        return request.prompt_tokens * per_token / self.costs.kv_transfer_bytes_per_s
+        return self._kv_bytes(request) / self.costs.kv_transfer_bytes_per_s
 
     def _free_pages(self) -> int:
         return self.cache.device_capacity - len(self.cache.device) - self.reserved_pages
@@ -424,8 +488,7 @@ class Engine:
     def _decode(self) -> float:
         costs = self.costs
         base = costs.decode_base_s * (costs.no_cuda_graph_factor if self.config.disable_cuda_graph else 1.0)
-        if not self.config.disable_cuda_graph:
-            self.counters.cuda_graph_passes += 1
+        self.counters.decode_passes += 1
         per_token = base + costs.decode_per_request_s * len(self.running)
         gap = costs.schedule_gap_s if self.config.disable_overlap_schedule else 0.0
         for request in list(self.running):
@@ -442,6 +505,7 @@ class Engine:
             self.running.remove(request)
             self._release(request)
             request.finished = True
+            self.inflight.discard(request)
         request.changed.set()
 
     def _release(self, request: EngineRequest) -> None:

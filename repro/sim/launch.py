@@ -16,6 +16,9 @@ from repro.procs.process import (
     wait_http_ready,
 )
 
+EMBEDDED_SIM_ARGS = ("--enable-hierarchical-cache", "--index-k-dtype", "bf16", "--enable-metrics", "--enable-cache-report")
+"""The seeds' faulty configuration: HiCache on, bf16 index-K, no index-K gate (the fix flag absent); metrics on."""
+
 
 class SimHandle:
     """A running simulator: its URLs and its process. A context manager; `stop()` works as well."""

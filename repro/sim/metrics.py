@@ -24,6 +24,15 @@ class _EngineCollector:
         family.add_metric(list(self.labels.values()), value)
         return family
 
+    def _split_counter(self, name: str, doc: str, label: str, values: dict[str, float]) -> Metric:
+        """A counter with one series per `label` value; as with SGLang's labelled counters, a series that
+        was never incremented is absent (not 0)."""
+        family = CounterMetricFamily(f"sglang:{name}", doc, labels=[*self.labels, label])
+        for value_label, value in values.items():
+            if value:
+                family.add_metric([*self.labels.values(), value_label], value)
+        return family
+
     def _gauge(self, name: str, doc: str, value: float) -> Metric:
         return self._family(GaugeMetricFamily, name, doc, value)
 
@@ -43,13 +52,17 @@ class _EngineCollector:
         yield self._gauge("is_cuda_graph", "Whether decode runs CUDA graphs.", 0.0 if engine.config.disable_cuda_graph else 1.0)
         yield self._counter("prompt_tokens", "Prompt tokens.", counters.prompt_tokens)
         yield self._counter("generation_tokens", "Generated tokens.", counters.generation_tokens)
-        yield self._counter("cached_tokens", "Prompt tokens served from the prefix cache.", counters.cached_tokens)
+        # SGLang's breakdown by tier: "host" only once the host tier matched a prefix.
+        yield self._split_counter("cached_tokens", "Prompt tokens served from the prefix cache, by tier.", "cache_source", {
+            "device": counters.cached_tokens - counters.load_back_tokens, "host": counters.load_back_tokens})
         yield self._counter("num_requests", "Requests prefilled.", counters.requests)
         yield self._counter("num_aborted_requests", "Requests aborted by their client.", counters.aborted)
         yield self._counter("load_back_tokens", "Tokens loaded back from the host tier (HiCache).", counters.load_back_tokens)
         yield self._counter("evicted_tokens", "Tokens evicted from the device cache.",
                             engine.cache.evicted_pages * engine.config.page_size)
-        yield self._counter("cuda_graph_passes", "Decode steps run as CUDA graphs.", counters.cuda_graph_passes)
+        graph = "decode_none" if engine.config.disable_cuda_graph else "decode_cuda_graph"
+        yield self._split_counter("cuda_graph_passes", "Decode forward passes, by whether a CUDA graph ran them.",
+                                  "mode", {graph: counters.decode_passes})
         if engine.pd is not None:
             yield self._gauge("num_decode_prealloc_queue_reqs", "PD: requests waiting for a decode-side slot.",
                               len(engine.pd.prealloc))
@@ -57,6 +70,7 @@ class _EngineCollector:
                               len(engine.pd.queue))
             yield self._counter("num_transfer_failed_reqs", "PD: requests whose KV transfer failed.",
                                 counters.transfer_failed)
+            yield self._gauge("kv_transfer_total_mb", "PD: megabytes of the latest KV transfer.", counters.last_transfer_mb)
 
 
 class SimMetrics:

@@ -16,10 +16,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
-
-if TYPE_CHECKING:
-    from repro.sim.engine import EngineRequest
+from typing import Callable, Generic, Literal, Protocol, TypeVar
 
 TransferState = Literal["Bootstrapping", "WaitingForInput", "Transferring", "Success", "Failed"]
 
@@ -51,7 +48,18 @@ class Wedge:
     """Requests in the transfer queue when the notice was lost."""
 
 
-class DecodeTransfers:
+class TransferringRequest(Protocol):
+    """What the decode side reads and sets of a request (the engine's requests have it)."""
+
+    rid: str
+    transfer: Transfer | None
+    on_wedged: Callable[[Wedge], None] | None
+
+
+EngineRequest = TypeVar("EngineRequest", bound=TransferringRequest)
+
+
+class DecodeTransfers(Generic[EngineRequest]):
     """The decode server's PD queues and metadata slots. Single-threaded: called from the engine's steps."""
 
     def __init__(self, slots: int, waiting_timeout_s: float) -> None:

@@ -13,7 +13,7 @@ from typing import Any, AsyncIterator, Callable, Iterator, Protocol, TypeVar
 
 import uvicorn
 from prometheus_client import CONTENT_TYPE_LATEST
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -25,6 +25,7 @@ from repro.sim.config import SimConfig, server_info
 from repro.sim.corrupt import damage
 from repro.sim.engine import CHARS_PER_TOKEN, Engine, EngineRequest, Race, context_length, count_tokens, page_keys
 from repro.sim.faults import FaultLog, FaultRecord, WedgeRecord, parser_effect
+from repro.sim.lockstep import SESSION_HEADER
 from repro.sim.metrics import SimMetrics
 from repro.sim.model import answer, assistant_turns, conversation_key, rng_for
 from repro.sim.parser import ParsedOutput, parse_output
@@ -41,6 +42,7 @@ from repro.sim.raw_api import (
     generate_body,
 )
 from repro.sim.tokens import token_logprobs, tokenize
+from repro.untrusted import scrub_json
 
 READY_BANNER = "The server is fired up and ready to roll!"
 
@@ -60,7 +62,9 @@ _Body = TypeVar("_Body", bound=BaseModel)
 async def _validated(request: Request, model: type[_Body]) -> _Body | JSONResponse:
     """The request body validated as `model`, or the error response SGLang would give."""
     try:
-        payload = json.loads(await request.body())
+        # A lone surrogate (`"\\ud800"`) is valid JSON but no UTF-8 text: the tokenizer of a real server
+        # replaces it, as the simulator does here, rather than failing the request.
+        payload = scrub_json(json.loads(await request.body()))
     except ValueError:
         return _error("The request body is not valid JSON.", 400)
     if not isinstance(payload, dict):
@@ -104,7 +108,8 @@ class Simulator:
                                       truncated=truncated)
         return output, reason, count_tokens(raw)
 
-    def generate(self, request: ChatRequest, request_id: str, prompt: str) -> tuple[EngineRequest, asyncio.Future[Reply]]:
+    def generate(self, request: ChatRequest, request_id: str, prompt: str, session: str | None = None,
+                 ) -> tuple[EngineRequest, asyncio.Future[Reply]]:
         """Submit a request to the engine; the future resolves to its reply once the prefill ran."""
         messages = [m.model_dump(exclude_none=True) for m in request.messages]
         tools = [t.model_dump(exclude_none=True) for t in request.tools]
@@ -140,7 +145,7 @@ class Simulator:
             ))
 
         engine_request = EngineRequest(request_id, prompt_tokens, page_keys(prompt, self.config.page_size), on_prefilled,
-                                       on_wedged=on_wedged)
+                                       on_wedged=on_wedged, session=session)
         self.engine.submit(engine_request)
         return engine_request, reply
 
@@ -164,6 +169,19 @@ class Simulator:
             parser_effect=parser_effect(meant, got, visible=visible),
         ))
         return damaged
+
+
+class LoadPlan(BaseModel):
+    """`POST /sim/clock/plan`: the load a client is about to run on the virtual clock."""
+
+    sessions: int = Field(ge=0)
+    concurrency: int = Field(ge=1)
+
+
+class SessionEnded(BaseModel):
+    """`POST /sim/clock/ended`: a session that will send no more requests."""
+
+    session: str = Field(min_length=1, max_length=64)
 
 
 def _checker_says_corrupt(output: ParsedOutput, finish_reason: str, request: dict[str, Any]) -> bool:
@@ -232,6 +250,8 @@ def create_app(config: SimConfig) -> Starlette:
         return Response("Cache flushed.\n", status_code=200)
 
     async def metrics(request: Request) -> Response:
+        if not sim.config.enable_metrics:  # SGLang serves /metrics only with --enable-metrics
+            return JSONResponse({"detail": "Not Found"}, status_code=404)
         return Response(sim.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     async def faults(request: Request) -> Response:
@@ -255,7 +275,7 @@ def create_app(config: SimConfig) -> Starlette:
             return _error(f"The prompt has {prompt_tokens} tokens; the context length is {max_prompt_tokens}.",
                           400, param="messages")
         request_id = "chatcmpl-" + secrets.token_hex(12)
-        engine_request, pending = sim.generate(chat_request, request_id, prompt)
+        engine_request, pending = sim.generate(chat_request, request_id, prompt, request.headers.get(SESSION_HEADER))
         if chat_request.stream:
             include_usage = chat_request.include_usage
             return StreamingResponse(
@@ -279,7 +299,7 @@ def create_app(config: SimConfig) -> Starlette:
         _observe(engine_request)
         return None
 
-    def _raw_submit(prompt: str, limit: int, seed: int | None, request_id: str,
+    def _raw_submit(prompt: str, limit: int, seed: int | None, request_id: str, session: str | None,
                     ) -> tuple[EngineRequest, asyncio.Future[Reply]] | JSONResponse:
         """Start a raw-text request: the conversation read back from its prompt, answered as over chat."""
         try:
@@ -291,14 +311,15 @@ def create_app(config: SimConfig) -> Starlette:
         prompt_tokens = count_tokens(prompt)
         if prompt_tokens > max_prompt_tokens:
             return _error(f"The prompt has {prompt_tokens} tokens; the context length is {max_prompt_tokens}.", 400)
-        return sim.generate(chat_request, request_id, prompt)
+        return sim.generate(chat_request, request_id, prompt, session)
 
     async def generate(request: Request) -> Response:
         body = await _validated(request, GenerateRequest)
         if isinstance(body, JSONResponse):
             return body
         params = body.sampling_params
-        started = _raw_submit(body.text, params.max_new_tokens, params.sampling_seed, body.rid or secrets.token_hex(16))
+        started = _raw_submit(body.text, params.max_new_tokens, params.sampling_seed, body.rid or secrets.token_hex(16),
+                              request.headers.get(SESSION_HEADER))
         if isinstance(started, JSONResponse):
             return started
         engine_request, pending = started
@@ -316,7 +337,8 @@ def create_app(config: SimConfig) -> Starlette:
             return body
         if body.model not in (None, "default", config.served_model_name):
             return _error(f"The model {body.model!r} does not exist.", 404, param="model")
-        started = _raw_submit(body.prompt, body.max_tokens, body.seed, "cmpl-" + secrets.token_hex(12))
+        started = _raw_submit(body.prompt, body.max_tokens, body.seed, "cmpl-" + secrets.token_hex(12),
+                              request.headers.get(SESSION_HEADER))
         if isinstance(started, JSONResponse):
             return started
         engine_request, pending = started
@@ -375,6 +397,30 @@ def create_app(config: SimConfig) -> Starlette:
         finally:
             sim.engine.abort(engine_request)
 
+    async def clock(request: Request) -> Response:
+        lockstep = sim.engine.lockstep
+        return JSONResponse({"clock": config.clock, **(lockstep.status() if lockstep is not None else {})})
+
+    async def clock_plan(request: Request) -> Response:
+        body = await _validated(request, LoadPlan)
+        if isinstance(body, JSONResponse):
+            return body
+        if sim.engine.lockstep is None:
+            return _error("The simulator runs on the real clock (--clock real): there is no load to declare.", 400)
+        sim.engine.lockstep.plan(body.sessions, body.concurrency)
+        sim.engine.poke()
+        return JSONResponse(sim.engine.lockstep.status())
+
+    async def clock_ended(request: Request) -> Response:
+        body = await _validated(request, SessionEnded)
+        if isinstance(body, JSONResponse):
+            return body
+        if sim.engine.lockstep is None:
+            return _error("The simulator runs on the real clock (--clock real): there are no sessions to end.", 400)
+        sim.engine.lockstep.end(body.session)
+        sim.engine.poke()
+        return JSONResponse(sim.engine.lockstep.status())
+
     async def not_found(request: Request, exc: HTTPException) -> Response:
         return _error(exc.detail, exc.status_code)
 
@@ -384,7 +430,8 @@ def create_app(config: SimConfig) -> Starlette:
         Route("/get_load", loads), Route("/flush_cache", flush_cache, methods=["POST"]), Route("/metrics", metrics),
         Route("/debug/faults", faults), Route("/debug/wedges", wedges), Route("/v1/chat/completions", chat, methods=["POST"]),
         Route("/debug/fault-texts", fault_texts), Route("/generate", generate, methods=["POST"]),
-        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]), Route("/sim/clock", clock),
+        Route("/sim/clock/plan", clock_plan, methods=["POST"]), Route("/sim/clock/ended", clock_ended, methods=["POST"]),
     ]
     return Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: not_found})
 

@@ -12,6 +12,7 @@ from typing import Any, Literal
 from repro.errors import UsageError
 from repro.store.records import SessionRecord, TurnRecord
 from repro.store.rundir import Run
+from repro.untrusted import csv_cell
 
 ExportFormat = Literal["csv", "jsonl"]
 
@@ -48,7 +49,8 @@ def turn_rows(sessions: list[SessionRecord]) -> list[dict[str, Any]]:
 
 
 def render(run: Run, fmt: ExportFormat) -> str:
-    """The run's turns as CSV (lists joined with spaces) or JSON lines (lists as lists)."""
+    """The run's turns as CSV (lists joined with spaces, text that would start a formula behind a `'`) or
+    JSON lines (lists as lists, text as it is)."""
     rows = turn_rows(run.sessions)
     if fmt == "jsonl":
         return "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
@@ -56,14 +58,22 @@ def render(run: Run, fmt: ExportFormat) -> str:
     writer = csv.DictWriter(out, fieldnames=COLUMNS, lineterminator="\n")
     writer.writeheader()
     for row in rows:
-        writer.writerow({key: " ".join(value) if isinstance(value, list) else value for key, value in row.items()})
+        writer.writerow({key: csv_cell(" ".join(value) if isinstance(value, list) else value) for key, value in row.items()})
     return out.getvalue()
 
 
 def write(text: str, output: Path | None) -> None:
     """To the file, or to stdout when there is none."""
     if output is None:
-        sys.stdout.write(text)
+        if sys.stdout is None:  # started with its standard output closed (`>&-`)
+            raise UsageError("export: standard output is closed; give -o FILE")
+        try:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        except BrokenPipeError:
+            raise  # a reader that stopped early (`| head`): the CLI ends quietly, as before
+        except OSError as err:
+            raise UsageError(f"export: cannot write to standard output: {err.strerror or err}") from None
         return
     try:
         output.write_text(text, encoding="utf-8")

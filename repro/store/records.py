@@ -36,10 +36,6 @@ SessionOutcome = Literal["clean", "corrupt", "timeout", "error", "interrupted"]
 
 OUTCOMES: tuple[SessionOutcome, ...] = ("clean", "corrupt", "timeout", "error", "interrupted")
 
-STRING_OR_LIST = {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]}
-"""The schema of flags given as one shell-like string or as a list (the option's validator splits a string):
-`repro run --sim-args` and a matrix level's `flags`."""
-
 CorruptSeen = Literal["raw", "parsed", "both"]
 """Where a session's corruption showed: in the text the model generated, in the parsed message, or in both."""
 
@@ -327,6 +323,49 @@ class StoppingRecord(_Record):
     """Against a baseline: the increase under which the run passes."""
 
 
+ExerciseStatus = Literal["exercised", "not exercised", "unknown"]
+"""Whether a feature the target has on acted during the load: unknown when no metric the target exports shows it."""
+
+
+class ExerciseFact(_Record):
+    """One fact about what the server did during the load, from its metric scrapes; `value` None means unknown."""
+
+    value: float | None = None
+    metric: str | None = None
+    """The metric it was read from (with its labels), or the ones looked for when unknown."""
+
+
+class FeatureExercise(_Record):
+    """A feature the target's `/server_info` turns on, and whether the load made it act."""
+
+    feature: str
+    """Its name, as printed (HiCache, PD disaggregation, CUDA graph, speculative decoding)."""
+    status: ExerciseStatus
+    fact: str
+    """The key of `Exercise.facts` that shows it."""
+    metric: str
+    line: str
+    """One line with the numbers, as printed."""
+
+
+class Exercise(_Record):
+    """summary.json's `exercised`: what the load made the server do, and which features it left idle."""
+
+    facts: dict[str, ExerciseFact] = Field(default_factory=dict)
+    """evicted_tokens, host_load_back_tokens, prefix_cache_hit_rate, pd_transfer_mb, pd_transfer_failures,
+    cuda_graph_passes, spec_accept_rate: each known or unknown."""
+    features: list[FeatureExercise] = Field(default_factory=list)
+    """The features `/server_info` shows on; empty when the target serves no `/server_info`."""
+
+    def values(self) -> dict[str, float | None]:
+        """Fact -> value (None: unknown)."""
+        return {key: fact.value for key, fact in self.facts.items()}
+
+    def idle(self) -> list[FeatureExercise]:
+        """The features that were on and never acted."""
+        return [f for f in self.features if f.status == "not exercised"]
+
+
 class Summary(_Record):
     """summary.json: the run's counts and rates, written at the end (also after Ctrl-C)."""
 
@@ -362,6 +401,8 @@ class Summary(_Record):
     """Set when the run judged raw text (raw and both modes)."""
     stopping: StoppingRecord | None = None
     """Set by `repro run --until-decided`."""
+    exercised: Exercise | None = None
+    """What the load made the server do (from metrics.csv); None for runs from before it was recorded."""
 
 
 class WorkerPlace(_Record):

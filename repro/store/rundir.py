@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -295,6 +294,14 @@ class Run:
         return self.manifest.name
 
 
+def read_regular(file: Path) -> bytes:
+    """The bytes of a record file; DamagedRun when it is not a regular file (a link to /dev/zero, a FIFO),
+    which would never end or never answer. OSError when it cannot be read."""
+    if not stat.S_ISREG(file.stat().st_mode):
+        raise DamagedRun(f"{file}: not a regular file")
+    return file.read_bytes()
+
+
 def read_sessions(path: Path) -> list[SessionRecord]:
     """Every complete line of sessions.jsonl; a torn last line (crash mid-write) is skipped.
 
@@ -305,7 +312,7 @@ def read_sessions(path: Path) -> list[SessionRecord]:
     if not file.exists():
         return []
     try:
-        data = file.read_bytes()
+        data = read_regular(file)
     except OSError as err:
         raise DamagedRun(f"{file}: cannot read: {err.strerror or err}") from None
     lines = data.split(b"\n")
@@ -340,7 +347,7 @@ def load_run(path: Path | str) -> Run:
 
 def _read_model(file: Path, model: type[ModelT]) -> ModelT:
     try:
-        return model.model_validate_json(file.read_bytes().decode("utf-8"))
+        return model.model_validate_json(read_regular(file).decode("utf-8"))
     except OSError as err:
         raise DamagedRun(f"{file}: cannot read: {err.strerror or err}") from None
     except UnicodeDecodeError:
@@ -349,27 +356,74 @@ def _read_model(file: Path, model: type[ModelT]) -> ModelT:
         raise DamagedRun(f"{file}: {err.errors()[0]['loc']}: {err.errors()[0]['msg']}") from None
 
 
-def check_output(output: Path, run_dirs: list[Path], option: str) -> None:
-    """Refuse to write a report where it would overwrite a run's own records (or raw bytes)."""
+RECORD_DIRS: dict[tuple[str, ...], str] = {
+    (MANIFEST, SESSIONS): "run",
+    ("plan.json", "spec.yaml"): "matrix",
+    ("setup.json",): "bisect",
+    ("sweep.json",): "sweep",
+}
+"""The files that make a directory one the harness recorded, and what it records."""
+DERIVED = frozenset({REPORT, "report.md", "junit.xml", "sweep.md", "sweep.html", "bisect.md"})
+"""Files of a record directory that are rendered from its records, so may be written again."""
+
+
+def record_kind(directory: Path) -> str | None:
+    """What `directory` records ("run", "matrix", "bisect", "sweep"), or None when it is no record directory."""
+    for markers, kind in RECORD_DIRS.items():
+        if all((directory / name).exists() for name in markers):
+            return kind
+    return None
+
+
+def check_output(output: Path, sources: list[Path], option: str) -> None:
+    """The one guard of every command that writes a file: refuse `output` when writing it would destroy
+    evidence. That is a record of a run (or raw bytes) among `sources`, an input file among `sources`
+    (itself, a symbolic or a hard link to it), any existing file of a record directory that is not a
+    rendered report (sim.log, plan.json, setup.json, ...), or a file hard-linked to a top-level file of a
+    source directory."""
     try:
         target = Path(output).resolve()
-        for run_dir in run_dirs:
-            root = Path(run_dir).resolve()
+        existing = target.stat() if target.exists() else None
+        for source in sources:
+            root = Path(source).resolve()
+            if root.is_file():
+                if existing is not None and root.samefile(target):
+                    raise UsageError(f"{option} {output}: would overwrite its input {source}; choose another path")
+                continue
             record = target.parent == root and target.name in RECORDS
             if record or target == root or target.is_relative_to(root / RAW):
                 raise UsageError(
-                    f"{option} {output}: would overwrite the records of run {run_dir}; choose another path"
+                    f"{option} {output}: would overwrite the records of run {source}; choose another path"
                 )
+            if existing is not None and existing.st_nlink > 1 and root.is_dir():
+                for file in root.iterdir():
+                    if file.is_file() and file.samefile(target):
+                        raise UsageError(f"{option} {output}: is a link to {file}, which it would overwrite; "
+                                         "choose another path")
+        kind = record_kind(target.parent)
+        if kind is not None and existing is not None and target.name not in DERIVED:
+            raise UsageError(f"{option} {output}: would overwrite a record of the {kind} directory {target.parent}; "
+                             "choose another path")
     except (OSError, RuntimeError) as err:  # RuntimeError: a symlink loop, on Python 3.11
         why = getattr(err, "strerror", None) or err
         raise UsageError(f"{option} {output}: cannot resolve the path: {why}") from None
 
 
-def slug(text: str) -> str:
-    """A file-name-safe form of a run or cell name."""
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-") or "run"
-
-
 def dump_json(path: Path, data: object) -> None:
     """Atomically write plain JSON (for files outside the run directory's models, e.g. matrix.json)."""
     _atomic_write(Path(path), json.dumps(data, indent=2, sort_keys=False) + "\n")
+
+
+def read_recorded(directory: Path, name: str, *, kind: str) -> dict:
+    """The JSON object `name` that a bisect or matrix directory keeps for `--resume`; a UsageError naming
+    the directory and what is wrong with it (missing, unreadable, not a JSON object)."""
+    file = directory / name
+    if not file.exists():
+        raise UsageError(f"--resume {directory}: not a {kind} directory (no {name})")
+    try:
+        recorded = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as err:
+        raise UsageError(f"--resume {directory}: {name} is damaged ({type(err).__name__})") from None
+    if not isinstance(recorded, dict):
+        raise UsageError(f"--resume {directory}: {name} is damaged (not a JSON object)")
+    return recorded

@@ -11,7 +11,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from repro.store.records import OutcomeCounts, ParserEffect, Percentiles, RateEstimate, SessionRecord, Summary
+from repro.store.exercise import idle_reasons
+from repro.store.records import Exercise, OutcomeCounts, ParserEffect, Percentiles, RateEstimate, SessionRecord, Summary
 from repro.stats import Interval, assess_inconclusive, clopper_pearson, timeout_bounds
 from repro.stats.verdict import MIN_COMPLETED
 
@@ -48,8 +49,12 @@ def summarize(
     min_completed: int = MIN_COMPLETED,
     observe: str | None = None,
     raw_source: str | None = None,
+    exercised: Exercise | None = None,
 ) -> Summary:
-    """The summary of a run from its session records; `observe` and `raw_source` say how turns were judged."""
+    """The summary of a run from its session records; `observe` and `raw_source` say how turns were judged.
+
+    A feature the server had on and the load never made act (`exercised`) makes the run inconclusive: its
+    clean sessions say nothing about that feature."""
     tally = OutcomeCounts.of(sessions)
     clean, corrupt, timeout, error = tally.clean, tally.corrupt, tally.timeout, tally.error
     completed = tally.completed
@@ -60,6 +65,8 @@ def summarize(
         reasons.append(f"{stop_reason or 'the run was interrupted'} ({tally.interrupted} sessions in flight)")
     if lost:
         reasons.append(f"{lost} finished sessions could not be written to sessions.jsonl")
+    idle = idle_reasons(exercised)
+    reasons += idle
     turns = [turn for session in sessions for turn in session.turns]
     turn_counts: Counter[str] = Counter()
     for turn in turns:
@@ -72,7 +79,7 @@ def summarize(
         worst_case=rate(worst, corrupt + timeout, completed + timeout),
         best_case=rate(best, corrupt, completed + timeout),
         suspect_sessions=tally.suspect,
-        inconclusive=verdict.inconclusive or interrupted or bool(lost),
+        inconclusive=verdict.inconclusive or interrupted or bool(lost) or bool(idle),
         inconclusive_reasons=reasons,
         turns=len(turns),
         turn_counts=dict(turn_counts),
@@ -90,4 +97,5 @@ def summarize(
         observe=observe,
         raw_source=raw_source,
         parser_effect=ParserEffect.of(sessions) if observe in ("raw", "both") else None,
+        exercised=exercised,
     )

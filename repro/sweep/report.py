@@ -6,14 +6,10 @@ autoescaping, and the figure carries only pixels (repro.report.plots).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from repro.cluster.node import describe
 from repro.report.html import TEMPLATES
 from repro.report.markdown import md_escape
-
-if TYPE_CHECKING:
-    from repro.sweep.runner import SweepResult
+from repro.sweep.analysis import SweepResult
 
 
 def _pct(value: float | None) -> str:
@@ -29,7 +25,7 @@ def _p(value: float | None) -> str:
     return "—" if value is None else f"{value:.2g}"
 
 
-def curve_plot(result: "SweepResult") -> str:
+def curve_plot(result: SweepResult) -> str:
     """Corruption rate per level with its interval, and the fitted onset curve: a PNG data URI."""
     from repro.report.plots import encode_figure, subplots  # matplotlib: only when a curve is drawn
 
@@ -56,7 +52,7 @@ def curve_plot(result: "SweepResult") -> str:
     return encode_figure(fig)
 
 
-def render_markdown(result: "SweepResult") -> str:
+def render_markdown(result: SweepResult) -> str:
     where = describe(result.node)
     lines = [
         f"# Concurrency sweep {md_escape(result.name)}",
@@ -86,7 +82,7 @@ def render_markdown(result: "SweepResult") -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_html(result: "SweepResult") -> str:
+def render_html(result: SweepResult) -> str:
     return TEMPLATES.get_template("sweep.html.j2").render(
         result=result, plot=curve_plot(result), interval=_interval, p=_p, where=describe(result.node),
     )

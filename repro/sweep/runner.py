@@ -20,20 +20,27 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
-import math
 import shlex
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from rich.console import Console
 
-from repro.run.display import say
-from repro.errors import EXIT_INTERRUPTED, ReproError, TargetError, UsageError
 from repro.cluster.node import where
-from repro.store.records import OutcomeCounts
+from repro.cluster.rayutil import asked_resources, captured, pack, printed, scratch
+from repro.errors import EXIT_INTERRUPTED, ReproError, TargetError, UsageError
+from repro.matrix.deploy import CellDeployment, resolve
+from repro.matrix.design import Cell, PlannedRun
+from repro.matrix.spec import load_spec
+from repro.run.display import say
+from repro.run.options import RunOptions
+from repro.run.runner import execute_run
+from repro.sim.launch import EMBEDDED_SIM_ARGS, start_sim
+from repro.store.paths import default_dir
 from repro.store.rundir import dump_json, make_run_dir, new_run_dir
+from repro.sweep.analysis import LevelResult, SweepResult, analyse, level_result
 
 MAX_LEVELS = 32
 
@@ -68,131 +75,6 @@ def parse_levels(text: str) -> list[int]:
 
 
 @dataclass(frozen=True)
-class LevelResult:
-    concurrency: int
-    run_dir: str
-    sessions: int
-    clean: int
-    corrupt: int
-    timeout: int
-    error: int
-    corruption: tuple[float | None, float, float]
-    """Rate over completed sessions, with its Clopper-Pearson interval."""
-    timeouts: tuple[float | None, float, float]
-    """Timed-out share of all sessions, with its interval."""
-    p_vs_control: float | None = None
-    p_holm: float | None = None
-    above_control: bool = False
-
-
-@dataclass(frozen=True)
-class OnsetCurve:
-    """Firth logistic fit: logit(rate) = intercept + slope * log2(concurrency)."""
-
-    intercept: float | None
-    slope: float | None
-    slope_low: float | None
-    slope_high: float | None
-    p: float | None
-    points: list[tuple[float, float]] = field(default_factory=list)
-    note: str = ""
-
-
-@dataclass(frozen=True)
-class SweepResult:
-    name: str
-    target: str
-    confidence: float
-    sessions_per_level: int
-    levels: list[LevelResult]
-    onset: int | None
-    control_corrupt: bool
-    curve: OnsetCurve
-    conclusion: str
-    started_at: str
-    node: dict[str, str] = field(default_factory=dict)
-    """Where the deployment and the load ran (repro.cluster.node): the host name, and `ray_node_id` on Ray."""
-
-    def as_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def _fit_curve(levels: Sequence[LevelResult], confidence: float) -> OnsetCurve:
-    import warnings
-
-    import numpy as np
-
-    rows = [(math.log2(level.concurrency), level.corrupt, level.clean) for level in levels if level.corrupt + level.clean]
-    events = sum(r[1] for r in rows)
-    if not rows or events == 0 or events == sum(r[1] + r[2] for r in rows):
-        return OnsetCurve(None, None, None, None, None, note="no curve: every completed session at every level "
-                          + ("was clean" if events == 0 else "was corrupt"))
-    from firthmodels import FirthLogisticRegression  # slow to import: only when fitting
-
-    x = np.repeat(np.array([[r[0]] for r in rows]), 2, axis=0)
-    y = np.tile([1, 0], len(rows))
-    weights = np.array([w for r in rows for w in (r[1], r[2])], dtype=float)
-    with warnings.catch_warnings(), np.errstate(all="ignore"):
-        warnings.simplefilter("ignore")
-        try:
-            model = FirthLogisticRegression(backend="numpy", max_iter=100).fit(x, y, sample_weight=weights)
-            model.lrt(0)
-            p = float(model.lrt_pvalues_[0])
-            low, high = (float(v) for v in model.conf_int(alpha=1 - confidence, method="pl", features=0)[0])
-        except (np.linalg.LinAlgError, ValueError) as err:
-            return OnsetCurve(None, None, None, None, None, note=f"no curve: the Firth fit failed ({err})")
-    slope, intercept = float(model.coef_[0]), float(model.intercept_)
-    top = max(level.concurrency for level in levels)
-    grid = np.unique(np.round(np.geomspace(1, top, 40), 3))
-    points = [(float(c), float(1 / (1 + math.exp(-(intercept + slope * math.log2(c)))))) for c in grid]
-    return OnsetCurve(intercept, slope, low, high, None if math.isnan(p) else p, points)
-
-
-def analyse(levels: list[LevelResult], *, confidence: float) -> tuple[list[LevelResult], int | None, OnsetCurve, str]:
-    """Each level against the control (the lowest level, concurrency 1 when swept), Holm over the levels."""
-    from repro.stats import compare, holm
-
-    alpha = 1 - confidence
-    control, rest = levels[0], levels[1:]
-    tests = [compare(level.corrupt, level.corrupt + level.clean, control.corrupt, control.corrupt + control.clean,
-                     alternative="greater").p_boschloo if level.corrupt + level.clean and control.corrupt + control.clean
-             else 1.0 for level in rest]
-    adjusted = holm(tests) if tests else []
-    judged = [control] + [
-        LevelResult(**{**asdict(level), "p_vs_control": p, "p_holm": q, "above_control": q < alpha})
-        for level, p, q in zip(rest, tests, adjusted)
-    ]
-    onset = next((level.concurrency for level in judged[1:] if level.above_control), None)
-    curve = _fit_curve(judged, confidence)
-    rate = control.corruption[0] or 0.0
-    base = f"concurrency {control.concurrency} (the control): {control.corrupt} of {control.corrupt + control.clean} corrupt"
-    if onset is not None:
-        conclusion = (f"onset at concurrency {onset}: the lowest level whose corruption rate is shown above the "
-                      f"control's (Boschloo one-sided, Holm-adjusted, alpha {alpha:g}); {base}")
-    elif control.corrupt:
-        conclusion = (f"no onset: no level is shown above the control, which corrupts already ({100 * rate:.1f}%): "
-                      f"the corruption does not depend on concurrency (a model habit or a single-request fault); {base}")
-    else:
-        conclusion = f"no onset: no level's corruption rate is shown above the control's; {base}"
-    return judged, onset, curve, conclusion
-
-
-def level_result(concurrency: int, run_dir: Path, confidence: float) -> LevelResult:
-    from repro.stats import clopper_pearson
-    from repro.store.rundir import load_run
-
-    counts = OutcomeCounts.of(load_run(run_dir).sessions)
-    judged = counts.clean + counts.corrupt + counts.timeout + counts.error
-    rate = clopper_pearson(counts.corrupt, counts.completed, confidence)
-    share = clopper_pearson(counts.timeout, judged, confidence)
-    return LevelResult(
-        concurrency=concurrency, run_dir=run_dir.name, sessions=judged, clean=counts.clean, corrupt=counts.corrupt,
-        timeout=counts.timeout, error=counts.error, corruption=(rate.estimate, rate.low, rate.high),
-        timeouts=(share.estimate, share.low, share.high),
-    )
-
-
-@dataclass(frozen=True)
 class SpecDeployment:
     """A matrix spec's deployment for one cell (`--spec SPEC --cell factor=level ...`), launched once."""
 
@@ -203,9 +85,6 @@ class SpecDeployment:
 
 def _spec_cell(target: SpecDeployment) -> tuple[Any, Any, dict[str, Any]]:
     """The spec, the planned run of the chosen cell, and the spec's load options (the sweep sets the rest)."""
-    from repro.matrix.design import Cell, PlannedRun
-    from repro.matrix.spec import load_spec
-
     spec = load_spec(target.spec, target.variables)
     chosen = dict(target.cell)
     for factor, definition in spec.factors.items():
@@ -232,8 +111,6 @@ def _deployment(
         yield base_url, base_url
         return
     if spec is not None:
-        from repro.matrix.deploy import CellDeployment, resolve
-
         matrix, run, _ = _spec_cell(spec)
         launch = resolve(matrix, run, log_dir=out / "logs")
         with CellDeployment(launch, out / "logs", cell=run.key) as confirmation:
@@ -242,9 +119,6 @@ def _deployment(
             say(console, f"sweep: launched cell {run.cell.name} of {spec.spec} at {launch.url}")
             yield f"{launch.url}/v1", f"{matrix.name}: cell {run.cell.name}"
         return
-    from repro.run.runner import EMBEDDED_SIM_ARGS
-    from repro.sim.launch import start_sim
-
     args = [*EMBEDDED_SIM_ARGS, *sim_args]
     with start_sim(args, log_path=out / "sim.log") as sim:
         say(console, f"sweep: started the embedded simulator at {sim.base_url} ({shlex.join(args)})")
@@ -267,8 +141,6 @@ def ray_sweep(
 
     `resources` (JSON) wins over the spec's resources for its cell, which win over one CPU.
     """
-    from repro.cluster.rayutil import asked_resources
-
     if executor == "ray" and base_url is not None:
         raise UsageError("--executor ray places the sweep's deployment on a node: --base-url names a running "
                          "server instead (use --spec or the embedded simulator)")
@@ -289,8 +161,6 @@ def _measure(
 ) -> Iterator[tuple[LevelResult, str]]:
     """Start the deployment, run every level against it in turn (control first), stop it: each level's
     result and the target, as the level ends."""
-    from repro.run.runner import RunOptions, execute_run
-
     with _deployment(base_url, sim_args, spec, out, console) as (url, target):
         for concurrency in levels:
             run_dir = out / f"c{concurrency:03d}"
@@ -318,8 +188,6 @@ def _sweep_task(
     short keeps its finished levels: `("level", result, target, printed text, tar.gz of its run
     directory)` as each level ends, then `("end", node, printed text, tar.gz of the rest)` (the
     deployment's logs), or `("error", the ReproError it stopped with, printed text, tar.gz of the rest)`."""
-    from repro.cluster.rayutil import captured, pack, printed, scratch
-
     with scratch("repro-sweep-") as path:
         console, screen = captured()
         sent: set[str] = set()
@@ -349,7 +217,14 @@ def _on_ray(
 ) -> tuple[list[LevelResult], str, dict[str, str]]:
     """The sweep as one Ray task, each level unpacked into `out` as it ends. A lost task is a TargetError
     (exit 3) and Ctrl-C a ReproError (exit 130), both keeping the finished levels."""
-    from repro.cluster.rayutil import absolute_workload, connected, replay, streamed, submit, unpack
+    from repro.cluster.rayutil import (
+        absolute_workload,
+        connected,
+        replay,
+        streamed,
+        submit,
+        unpack,
+    )
 
     base = absolute_workload(base)
     if spec is not None:
@@ -401,8 +276,6 @@ def run_sweep(
 ) -> SweepResult:
     """Run every level (control first) and write sweep.json, sweep.md and sweep.html into `out`; on
     Ray (`placement`, from `ray_sweep`) as one task on one node."""
-    from repro.run.runner import RunOptions
-
     console = console or Console()
     if not 0.5 < confidence < 1.0:
         raise UsageError(f"--confidence must be above 0.5 and below 1, got {confidence}")
@@ -412,8 +285,8 @@ def run_sweep(
     base = {**(_spec_cell(spec)[2] if spec is not None else {}), "sessions": sessions, **(run_options or {})}
     RunOptions.parse({**base, "base_url": base_url, "concurrency": max(levels)}, source="sweep options")
     if out is None:
-        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-        out = new_run_dir(Path("reports"), f"{stamp}-sweep")
+        path = default_dir("sweep")
+        out = new_run_dir(path.parent, path.name)
     else:
         make_run_dir(out)
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -434,7 +307,11 @@ def run_sweep(
 
 
 def write_outputs(result: SweepResult, out: Path) -> None:
-    from repro.sweep.report import render_html, render_markdown
+    """sweep.json, sweep.md and sweep.html in the sweep's directory."""
+    from repro.sweep.report import (  # jinja2 and matplotlib: only once levels ended
+        render_html,
+        render_markdown,
+    )
 
     dump_json(out / "sweep.json", result.as_json())
     (out / "sweep.md").write_text(render_markdown(result), encoding="utf-8")

@@ -21,7 +21,7 @@ from typing import Any
 import anyio
 
 from dsml_checker import StreamAccumulator
-from repro.wire.rawtext import RawCollector
+from repro.wire.rawtext import LogprobText, RawCollector
 from repro.store.records import TurnStatus
 from repro.wire.transport import Endpoint, HTTPClient, TransportError
 from repro.untrusted import parse_json
@@ -221,8 +221,17 @@ class _SSEReader:
             raise _Failure(f"malformed stream: {self.accumulator.malformed} chunk(s) of the wrong shape")
         if self.events == 0:
             raise _Failure("malformed stream: no chat-completion events")
-        if not self.done and self.accumulator.finish_reason is None:
-            raise _Failure("stream ended before finish_reason or [DONE]")
+        # `[DONE]` alone proves nothing: a server that cancels an in-flight stream may still close it
+        # properly. Without a finish reason the answer is cut short, whatever the framing says.
+        if self.finish_reason is None:
+            raise _Failure("stream ended without a finish reason")
+
+    @property
+    def finish_reason(self) -> str | None:
+        """The stream's finish reason: the chat chunks', or the raw-text collector's (`/generate` keeps it in meta_info)."""
+        if self.rawtext is None or isinstance(self.rawtext, LogprobText):
+            return self.accumulator.finish_reason
+        return self.rawtext.finish_reason
 
 
 def _reason(err: ValueError) -> str:

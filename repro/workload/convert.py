@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from repro.errors import UsageError, read_text
+from repro.jsonl import numbered_lines
+from repro.untrusted import scrub_surrogates
 from repro.workload.trace import SENT_KEYS, json_object_line, parse_line
 
 REQUEST_KEYS = ("tools", "tool_choice", "max_tokens", "temperature")
@@ -36,10 +38,17 @@ class _Call:
         return [*self.history, self.answer]
 
 
-def _key(messages: list[dict[str, Any]]) -> str:
-    """A conversation prefix's identity: the messages as sent, timestamps aside."""
-    text = json.dumps([{k: m[k] for k in SENT_KEYS if m.get(k) is not None} for m in messages], sort_keys=True)
-    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+def _prefix_keys(messages: list[dict[str, Any]]) -> list[str]:
+    """The identity of every prefix of a conversation, in one pass: keys[i] names messages[: i + 1] as sent
+    (timestamps aside). Chained, so a prefix's key costs its last message, not the whole prefix again."""
+    digest = hashlib.sha256()
+    keys = []
+    for message in messages:
+        sent = json.dumps({k: message[k] for k in SENT_KEYS if message.get(k) is not None}, sort_keys=True)
+        # json.dumps escapes line breaks, so "\n" cannot occur inside one message's text.
+        digest.update(sent.encode("utf-8", "surrogatepass") + b"\n")
+        keys.append(digest.copy().hexdigest())
+    return keys
 
 
 def _read(line_text: str, source: str, line: int) -> _Call:
@@ -69,16 +78,18 @@ def _read(line_text: str, source: str, line: int) -> _Call:
 def convert(log: Path, out: Path) -> tuple[int, int]:
     """Write the conversations of `log` to `out` as a trace; (calls read, conversations written)."""
     text = read_text(log, f"trace convert {log}")
-    calls = [_read(t, str(log), n) for n, t in enumerate(text.splitlines(), start=1) if t.strip()]
+    calls = [_read(t, str(log), n) for n, t in numbered_lines(text)]
     if not calls:
         raise UsageError(f"trace convert {log}: no request/response lines")
     # A call continues another when the other's history plus answer is a prefix of its own history.
-    finished = {_key(call.whole): call for call in calls}
+    # Each call's history is hashed once, prefix by prefix: linear in the log's size.
+    finished = {_prefix_keys(call.whole)[-1]: call for call in calls}
     continued: set[int] = set()
     for call in calls:
+        keys = _prefix_keys(call.history)
         for cut in range(1, len(call.history)):
             if call.history[cut].get("role") == "assistant":
-                parent = finished.get(_key(call.history[: cut + 1]))
+                parent = finished.get(keys[cut])
                 if parent is not None and parent is not call:
                     continued.add(id(parent))
                     # The parent's answer is this history's assistant message: give it the parent's time.
@@ -91,6 +102,9 @@ def convert(log: Path, out: Path) -> tuple[int, int]:
         conversation = {"id": f"log-line-{call.line}", "messages": call.whole}
         conversation |= {key: call.request[key] for key in REQUEST_KEYS if call.request.get(key) is not None}
         rendered = json.dumps(conversation, ensure_ascii=False)
+        if scrub_surrogates(rendered) is not rendered:
+            # A lone surrogate (the log escaped it) has no UTF-8 form: kept exactly, as its JSON escape.
+            rendered = json.dumps(conversation)
         parse_line(rendered, source=f"{log} (converted)", line=call.line)  # what cannot be replayed is named now
         lines.append(rendered)
     try:

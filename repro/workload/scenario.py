@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from repro.errors import UsageError, describe_validation_error, load_yaml, yaml_lines
+from repro.workload.trace import is_trace, load_trace
 
 if TYPE_CHECKING:
     from repro.workload.trace import Trace
@@ -98,6 +99,9 @@ class Workload(_Strict):
     """Sent as the request's `temperature`."""
     sandbox: SandboxSizes = Field(default_factory=SandboxSizes)
     """How big the tool results are."""
+    context_tokens: int = Field(default=0, ge=0, le=10_000_000)
+    """About this many tokens of a project document, unique to each session, open its conversation (a user
+    message before the task): each session's own long prefix. `repro run --pressure` sizes it to the server."""
 
     @field_validator("tools")
     @classmethod
@@ -179,8 +183,6 @@ class LoadedScenario:
 
 def load_scenario(path: str | Path | None, *, replay: str = "fast") -> LoadedScenario:
     """The workload or trace `--workload` names (a .jsonl file is a trace); `replay` applies to traces only."""
-    from repro.workload.trace import is_trace, load_trace
-
     if is_trace(path):
         assert path is not None
         trace = load_trace(path, timing=replay == "timing")

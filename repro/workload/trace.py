@@ -18,6 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from repro.errors import UsageError, describe_validation_error
+from repro.jsonl import numbered_lines
 from repro.untrusted import parse_json
 
 DEFAULT_MAX_TOKENS = 1024
@@ -95,6 +96,21 @@ class Conversation(BaseModel):
     """Default 0, so a replay is as repeatable as the server allows."""
     metadata: dict[str, Any] = Field(default_factory=dict)
     """Free-form; kept out of requests."""
+
+    @field_validator("tools")
+    @classmethod
+    def _function_tools(cls, tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        # The checker and the sandbox read every tool's function name and parameters: a tool of another
+        # shape must be refused here, by line and position, not found broken mid-run.
+        for position, tool in enumerate(tools):
+            function = tool.get("function")
+            if tool.get("type", "function") != "function" or not isinstance(function, dict):
+                raise ValueError(f"item {position}: expected {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}")
+            if not isinstance(function.get("name"), str) or not function["name"]:
+                raise ValueError(f"item {position}: function.name: expected a non-empty string")
+            if not isinstance(function.get("parameters", {}), dict):
+                raise ValueError(f"item {position}: function.parameters: expected a JSON Schema object")
+        return tools
 
     @field_validator("messages")
     @classmethod
@@ -187,9 +203,7 @@ def load_trace(path: str | Path, *, timing: bool = False) -> Trace:
         line = data[: err.start].count(b"\n") + 1
         raise UsageError(f"{file}:{line}: not UTF-8 text") from None
     conversations = []
-    for number, line_text in enumerate(text.splitlines(), start=1):
-        if not line_text.strip():
-            continue
+    for number, line_text in numbered_lines(text):
         conversation = parse_line(line_text, source=str(file), line=number)
         if timing:
             for position in conversation.turn_positions():

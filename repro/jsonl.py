@@ -1,0 +1,42 @@
+"""The one JSON-lines reader: records are separated by "\\n" and nothing else.
+
+`str.splitlines()` also splits on U+2028, U+2029, NEL and other separators that JSON strings may hold
+raw, which cut a valid record in two. Every reader of a JSON-lines file (traces, gateway logs, progress
+and probe journals, commit lists) splits here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Iterator, TypeVar
+
+from repro.errors import UsageError
+
+T = TypeVar("T")
+
+
+def numbered_lines(text: str) -> Iterator[tuple[int, str]]:
+    """(line number from 1, line) for every line that is not blank; lines end at "\\n" only."""
+    for number, line in enumerate(text.split("\n"), start=1):
+        if line.strip():
+            yield number, line
+
+
+def read_journal(path: Path, parse: Callable[[str], T]) -> list[T]:
+    """Every record of an append-only journal the harness wrote itself, in order.
+
+    A line that does not parse, or is not UTF-8 (a tail torn by SIGKILL mid-write, a stray byte), is
+    skipped: each record was written whole, so a damaged line holds no record. A journal that cannot be
+    read at all (a directory in its place, no permission) is a UsageError naming it.
+    """
+    try:
+        data = path.read_bytes() if path.exists() else b""
+    except OSError as err:
+        raise UsageError(f"{path}: cannot read: {err.strerror or err}") from None
+    records: list[T] = []
+    for line in data.split(b"\n"):
+        try:
+            records.append(parse(line.decode("utf-8")))
+        except ValueError:  # UnicodeDecodeError and pydantic's ValidationError are ValueErrors
+            continue
+    return records
