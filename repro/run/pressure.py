@@ -19,12 +19,11 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
 from repro.errors import UsageError
 from repro.run.metrics import metrics_url
 from repro.untrusted import get_bounded
-from repro.wire.transport import tls_context
+from repro.wire.transport import tls_for
 from repro.workload.trace import Trace
 
 from repro.workload.context import CHARS_PER_TOKEN
@@ -86,6 +85,9 @@ def from_server_info(info: Mapping[str, Any] | None) -> Capacity | None:
 
 def from_metrics(text: str) -> Capacity | None:
     """vLLM: `vllm:cache_config_info{num_gpu_blocks=..., block_size=...}` (an info gauge whose labels are the config)."""
+    # Imported here: only a vLLM target's /metrics is read for this; other runs need not load it.
+    from prometheus_client.parser import text_string_to_metric_families
+
     try:
         families = list(text_string_to_metric_families(text))
     except ValueError:
@@ -217,7 +219,7 @@ def sized_workload(scenario: Workload | Trace, *, pressure: str | None, server_i
         return scenario
 
     def metrics() -> str | None:
-        with httpx.Client(trust_env=False, headers=headers, verify=tls_context()) as client:
+        with httpx.Client(trust_env=False, headers=headers, verify=tls_for(base_url)) as client:
             try:
                 status, content = get_bounded(client, metrics_url(base_url), max_bytes=METRICS_BYTES,
                                               timeout_s=METRICS_TIMEOUT_S)
