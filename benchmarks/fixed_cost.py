@@ -54,13 +54,19 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 SERVER = HERE / "fast_stream_server.py"
 PHASES = ("start-up", "target probe", "load", "summary", "report", "other")
-# The runner's functions that bound each phase (module, attribute, phase); `_save` holds the report.
+# The functions that bound each phase (module, attribute, phase), in the single-module runner and in
+# the runner split into phase modules; whichever exist are wrapped. `_save`/`finish` hold the report.
 WRAPPED = (
     ("repro.run.runner", "resolve_target", "target probe"),
     ("repro.run.runner", "_observe", "target probe"),
     ("repro.run.runner", "_drive", "load"),
     ("repro.run.runner", "_save", "summary"),
     ("repro.run.runner", "_report", "report"),
+    ("repro.run.target", "resolve_target", "target probe"),
+    ("repro.run.plan", "observe_plan", "target probe"),
+    ("repro.run.drive", "drive", "load"),
+    ("repro.run.finish", "finish", "summary"),
+    ("repro.run.finish", "_report", "report"),
 )
 
 
@@ -120,12 +126,20 @@ class _Meter:
         import importlib
 
         for module_name, attr, phase in WRAPPED:
-            module = importlib.import_module(module_name)
+            try:
+                module = importlib.import_module(module_name)
+            except ImportError:
+                continue
             fn = getattr(module, attr, None)
-            if fn is None:
+            if fn is None or hasattr(fn, "_phase"):
                 continue
             self.found.append(attr)
-            setattr(module, attr, self._async(fn, phase) if asyncio.iscoroutinefunction(fn) else self._sync(fn, phase))
+            wrapped = self._async(fn, phase) if asyncio.iscoroutinefunction(fn) else self._sync(fn, phase)
+            wrapped._phase = phase  # type: ignore[attr-defined]
+            # Every module that imported the function by name calls it through its own global.
+            for loaded in list(sys.modules.values()):
+                if getattr(loaded, "__name__", "").startswith("repro") and getattr(loaded, attr, None) is fn:
+                    setattr(loaded, attr, wrapped)
 
     def _sync(self, fn: Callable[..., Any], phase: str) -> Callable[..., Any]:
         def wrapped(*args: Any, **kwargs: Any) -> Any:

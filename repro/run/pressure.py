@@ -85,6 +85,9 @@ def from_server_info(info: Mapping[str, Any] | None) -> Capacity | None:
 
 def from_metrics(text: str) -> Capacity | None:
     """vLLM: `vllm:cache_config_info{num_gpu_blocks=..., block_size=...}` (an info gauge whose labels are the config)."""
+    # Imported here: only a vLLM target's /metrics is read for this; other runs need not load it.
+    from prometheus_client.parser import text_string_to_metric_families
+
     try:
         from prometheus_client.parser import text_string_to_metric_families  # only when sizing reads /metrics
 
