@@ -89,8 +89,6 @@ def from_metrics(text: str) -> Capacity | None:
     from prometheus_client.parser import text_string_to_metric_families
 
     try:
-        from prometheus_client.parser import text_string_to_metric_families  # only when sizing reads /metrics
-
         families = list(text_string_to_metric_families(text))
     except ValueError:
         return None
