@@ -164,8 +164,10 @@ def test_a_sequential_matrix_runs_in_rounds_on_ray_with_the_local_looks(tmp_path
     spec = yaml.load((ROOT / "matrices" / "sim_hicache_bf16.yaml").read_text(encoding="utf-8"), Loader=SpecLoader)
     # Tiny runs: nothing can be decided from 4 sessions a cell, so both rounds run every cell, on either executor.
     spec["load"].update({"workload": str(ROOT / "experiments" / "agentic_coding.yaml"),
-                         "sessions": 4, "concurrency": 4, "turns": 3})
+                         "sessions": 4, "concurrency": 4, "turns": 3, "pressure": "auto"})
     spec["design"].update({"replicates": 2, "seed": 3, "sequential": True})
+    # A device pool these few sessions overflow, so that HiCache-on cells exercise it and count.
+    spec["deployment"]["command"] += " --max-total-tokens 16000"
     spec["resources"] = {"run": {"CPU": 1}}
     path = tmp_path / "seq.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False), encoding="utf-8")
