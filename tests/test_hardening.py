@@ -295,3 +295,40 @@ def test_terminal_escapes_in_a_commit_subject_are_replaced_for_terminal_and_mark
     label = commit_range(repo, shas[0], shas[1])[1].label(1)
     assert not any(ch in label for ch in "\x1b\x07\x9b") and label.endswith("fix \ufffd[2J\ufffd]0;pwned\ufffd\ufffd31m cache")
     assert not any(ch in md_escape(hostile) for ch in "\x1b\x07\x9b")
+
+
+# A --ray-address that answers but is no Ray head: exit 2 in bounded time, nothing made.
+
+@pytest.mark.parametrize("behaviour", ["silent", "http1"])
+def test_a_ray_address_that_is_not_a_ray_head_is_refused_before_anything_is_made(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, behaviour: str
+) -> None:
+    import socket
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    held: list[socket.socket] = []
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            held.append(conn)
+            if behaviour == "http1":
+                conn.recv(1024)
+                conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        for command in (["run", "--executor", "ray", "--workers", "2", "--sessions", "2"], ["sweep", "--executor", "ray"]):
+            out = tmp_path / command[0]
+            code, _, err = run_main(capsys, *command, "--ray-address", f"127.0.0.1:{port}", "--out", str(out))
+            assert code == 2 and "not a Ray head" in err and err.count("\n") == 1, err
+            assert not out.exists()
+    finally:
+        listener.close()
+        for conn in held:
+            conn.close()

@@ -298,7 +298,8 @@ class Run:
 def read_regular(file: Path) -> bytes:
     """The bytes of a record file; DamagedRun when it is not a regular file (a link to /dev/zero, a FIFO),
     which would never end or never answer. OSError when it cannot be read."""
-    if not stat.S_ISREG(file.stat().st_mode):
+    mode = file.stat().st_mode
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):  # a directory fails the read below, and says so
         raise DamagedRun(f"{file}: not a regular file")
     return file.read_bytes()
 
