@@ -332,3 +332,31 @@ def test_a_ray_address_that_is_not_a_ray_head_is_refused_before_anything_is_made
         listener.close()
         for conn in held:
             conn.close()
+
+
+# Sizes are counted before they are built.
+
+def test_a_sweep_range_of_a_hundred_million_levels_is_refused_before_it_is_built(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    import tracemalloc
+
+    tracemalloc.start()
+    code, _, err = run_main(capsys, "sweep", "--concurrency", "1-100000000:+1", "--out", str(tmp_path / "s"))
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert code == 2 and "a sweep needs 2 to 32 levels" in err and err.count("\n") == 1
+    assert peak < 50_000_000 and not (tmp_path / "s").exists()
+
+
+@pytest.mark.parametrize("factors, replicates", [(20, 1), (1, 100_000_000)])
+def test_a_matrix_of_too_many_runs_is_refused_before_it_is_planned(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                                                   factors: int, replicates: int) -> None:
+    spec = {"name": "huge", "variables": {"port": "auto"},
+            "factors": {f"f{i}": {"levels": {"a": {}, "b": {}}} for i in range(factors)},
+            "deployment": {"command": "true", "port": "${port}"}, "design": {"replicates": replicates}}
+    path = tmp_path / "huge.yaml"
+    path.write_text(json.dumps(spec), encoding="utf-8")
+    code, _, err = run_main(capsys, "matrix", str(path), "--out", str(tmp_path / "m"))
+    assert code == 2 and "a matrix runs at most 10000" in err and err.count("\n") == 1
+    assert not (tmp_path / "m").exists()
