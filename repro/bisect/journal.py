@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from repro.errors import UsageError
-from repro.jsonl import read_journal
+from repro.jsonl import read_journal, read_json_object
 from repro.store.rundir import dump_json
 
 SETUP = "setup.json"
@@ -86,13 +86,7 @@ class Journal:
         file = self.path / SETUP
         if not file.exists():
             raise UsageError(f"--resume {self.path}: not a bisect directory (no {SETUP})")
-        try:
-            recorded = json.loads(file.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, ValueError, RecursionError) as err:
-            raise UsageError(f"--resume {self.path}: {SETUP} is damaged ({type(err).__name__})") from None
-        if not isinstance(recorded, dict):
-            raise UsageError(f"--resume {self.path}: {SETUP} is damaged (a JSON {type(recorded).__name__}, "
-                             "not the setup object)")
+        recorded = read_json_object(file, f"--resume {self.path}")
         if recorded != json.loads(json.dumps(self.setup)):
             changed = sorted(k for k in {*recorded, *self.setup} if recorded.get(k) != self.setup.get(k))
             raise UsageError(

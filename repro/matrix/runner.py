@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
 import signal
 import time
@@ -37,7 +36,7 @@ from repro.errors import (
     is_interrupt,
     request_interrupt,
 )
-from repro.jsonl import read_journal
+from repro.jsonl import read_journal, read_json_object
 from repro.matrix import sequential
 from repro.matrix.analysis import CellRun, MatrixAnalysis, analyse, cell_counts
 from repro.matrix.deploy import CellDeployment, describe, resolve, stop_stale
@@ -160,12 +159,7 @@ class MatrixRunner:
         if resume:
             if not plan_file.exists():
                 raise UsageError(f"--resume {self.path}: not a matrix directory (no {PLAN})")
-            try:
-                recorded = json.loads(plan_file.read_text(encoding="utf-8"))
-            except (OSError, UnicodeDecodeError, ValueError, RecursionError) as err:
-                raise UsageError(f"--resume {self.path}: {PLAN} is damaged ({type(err).__name__})") from None
-            if not isinstance(recorded, dict):
-                raise UsageError(f"--resume {self.path}: {PLAN} is damaged (not a JSON object)")
+            recorded = read_json_object(plan_file, f"--resume {self.path}")
             refusal = resume_refusal(recorded, self.spec, str(self.path))
             if refusal is not None:
                 raise UsageError(refusal)
