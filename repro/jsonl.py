@@ -1,4 +1,5 @@
-"""The one JSON-lines reader: records are separated by "\\n" and nothing else.
+"""The one JSON-lines reader: records are separated by "\\n" and nothing else; and the one reader of the
+JSON object files the harness keeps beside them (plan.json, setup.json).
 
 `str.splitlines()` also splits on U+2028, U+2029, NEL and other separators that JSON strings may hold
 raw, which cut a valid record in two. Every reader of a JSON-lines file (traces, gateway logs, progress
@@ -7,8 +8,9 @@ and probe journals, commit lists) splits here.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Callable, Iterator, TypeVar
+from typing import Any, Callable, Iterator, TypeVar
 
 from repro.errors import UsageError
 
@@ -40,3 +42,15 @@ def read_journal(path: Path, parse: Callable[[str], T]) -> list[T]:
         except ValueError:  # UnicodeDecodeError and pydantic's ValidationError are ValueErrors
             continue
     return records
+
+
+def read_json_object(path: Path, label: str) -> dict[str, Any]:
+    """A JSON object file the harness wrote (a plan, a setup); a UsageError `label: NAME is damaged (why)`
+    when it cannot be read, is not JSON, or holds something other than an object."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as err:
+        raise UsageError(f"{label}: {path.name} is damaged ({type(err).__name__})") from None
+    if not isinstance(value, dict):
+        raise UsageError(f"{label}: {path.name} is damaged (a JSON {type(value).__name__}, not an object)")
+    return value

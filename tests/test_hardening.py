@@ -295,3 +295,68 @@ def test_terminal_escapes_in_a_commit_subject_are_replaced_for_terminal_and_mark
     label = commit_range(repo, shas[0], shas[1])[1].label(1)
     assert not any(ch in label for ch in "\x1b\x07\x9b") and label.endswith("fix \ufffd[2J\ufffd]0;pwned\ufffd\ufffd31m cache")
     assert not any(ch in md_escape(hostile) for ch in "\x1b\x07\x9b")
+
+
+# A --ray-address that answers but is no Ray head: exit 2 in bounded time, nothing made.
+
+@pytest.mark.parametrize("behaviour", ["silent", "http1"])
+def test_a_ray_address_that_is_not_a_ray_head_is_refused_before_anything_is_made(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, behaviour: str
+) -> None:
+    import socket
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    held: list[socket.socket] = []
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            held.append(conn)
+            if behaviour == "http1":
+                conn.recv(1024)
+                conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        for command in (["run", "--executor", "ray", "--workers", "2", "--sessions", "2"], ["sweep", "--executor", "ray"]):
+            out = tmp_path / command[0]
+            code, _, err = run_main(capsys, *command, "--ray-address", f"127.0.0.1:{port}", "--out", str(out))
+            assert code == 2 and "not a Ray head" in err and err.count("\n") == 1, err
+            assert not out.exists()
+    finally:
+        listener.close()
+        for conn in held:
+            conn.close()
+
+
+# Sizes are counted before they are built.
+
+def test_a_sweep_range_of_a_hundred_million_levels_is_refused_before_it_is_built(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    import tracemalloc
+
+    tracemalloc.start()
+    code, _, err = run_main(capsys, "sweep", "--concurrency", "1-100000000:+1", "--out", str(tmp_path / "s"))
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert code == 2 and "a sweep needs 2 to 32 levels" in err and err.count("\n") == 1
+    assert peak < 50_000_000 and not (tmp_path / "s").exists()
+
+
+@pytest.mark.parametrize("factors, replicates", [(20, 1), (1, 100_000_000)])
+def test_a_matrix_of_too_many_runs_is_refused_before_it_is_planned(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                                                   factors: int, replicates: int) -> None:
+    spec = {"name": "huge", "variables": {"port": "auto"},
+            "factors": {f"f{i}": {"levels": {"a": {}, "b": {}}} for i in range(factors)},
+            "deployment": {"command": "true", "port": "${port}"}, "design": {"replicates": replicates}}
+    path = tmp_path / "huge.yaml"
+    path.write_text(json.dumps(spec), encoding="utf-8")
+    code, _, err = run_main(capsys, "matrix", str(path), "--out", str(tmp_path / "m"))
+    assert code == 2 and "a matrix runs at most 10000" in err and err.count("\n") == 1
+    assert not (tmp_path / "m").exists()

@@ -14,8 +14,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from repro.errors import UsageError
-from repro.jsonl import read_journal
-from repro.store.rundir import dump_json, read_recorded
+from repro.jsonl import read_journal, read_json_object
+from repro.store.rundir import dump_json
 
 SETUP = "setup.json"
 PROBES = "probes.jsonl"
@@ -83,7 +83,10 @@ class Journal:
             dump_json(self.path / SETUP, setup)
 
     def _reopen(self) -> None:
-        recorded = read_recorded(self.path, SETUP, kind="bisect")
+        file = self.path / SETUP
+        if not file.exists():
+            raise UsageError(f"--resume {self.path}: not a bisect directory (no {SETUP})")
+        recorded = read_json_object(file, f"--resume {self.path}")
         if recorded != json.loads(json.dumps(self.setup)):
             changed = sorted(k for k in {*recorded, *self.setup} if recorded.get(k) != self.setup.get(k))
             raise UsageError(

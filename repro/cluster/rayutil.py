@@ -136,9 +136,34 @@ def _check_reachable(address: str) -> None:
     if not host or not port.isdigit():
         raise UsageError(f"--ray-address {address}: expected HOST:PORT (the head node's GCS address)")
     try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_CHECK_S).close()
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_CHECK_S) as sock:
+            reply = speaks_grpc(sock)
     except OSError as err:
         raise UsageError(f"--ray-address {address}: nothing answers there ({err.strerror or err})") from None
+    if reply is not None:
+        raise UsageError(f"--ray-address {address}: {reply}, so it is not a Ray head (its GCS speaks gRPC); "
+                         f"give the head's HOST:PORT (6379 unless it was started with another --port)")
+
+
+_HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes.fromhex("000000040000000000")
+"""The client preface of HTTP/2 (gRPC's transport) and an empty SETTINGS frame."""
+
+
+def speaks_grpc(sock: socket.socket) -> str | None:
+    """None when the peer answers the HTTP/2 preface with a SETTINGS frame, as every gRPC server (a Ray GCS,
+    a Ray client server) does at once; otherwise what it did instead. Bounded by the socket's timeout: a
+    port that accepts and stays silent would otherwise hold `ray.init` for many minutes."""
+    try:
+        sock.sendall(_HTTP2_PREFACE)
+        head = b""
+        while len(head) < 9:
+            chunk = sock.recv(9 - len(head))
+            if not chunk:
+                return "it closed the connection on an HTTP/2 greeting"
+            head += chunk
+    except TimeoutError:
+        return f"it accepted the connection but answered nothing within {sock.gettimeout():g}s"
+    return None if head[3] == 0x04 else "it does not answer in HTTP/2"
 
 
 def connect(address: str | None) -> tuple[Any, bool]:

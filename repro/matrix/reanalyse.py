@@ -9,12 +9,11 @@ untouched. A sequential matrix's effects are re-analysed; its stopping record is
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from repro import __version__
 from repro.errors import UsageError
-from repro.jsonl import read_journal
+from repro.jsonl import read_journal, read_json_object
 from repro.matrix import sequential
 from repro.matrix.analysis import CellRun, MatrixAnalysis, analyse
 from repro.matrix.design import cells, plan
@@ -34,11 +33,8 @@ def reanalyse(path: Path, out: Path | None = None) -> tuple[MatrixAnalysis, Path
     plan_file, spec_file = root / PLAN, root / SPEC_COPY
     if not plan_file.is_file() or not spec_file.is_file():
         raise UsageError(f"reanalyse {root}: not a matrix directory (no {PLAN} and {SPEC_COPY})")
-    try:
-        recorded = json.loads(plan_file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as err:
-        raise UsageError(f"reanalyse {root}: {PLAN} is damaged ({type(err).__name__})") from None
-    variables = recorded.get("variables") if isinstance(recorded, dict) else None
+    recorded = read_json_object(plan_file, f"reanalyse {root}")
+    variables = recorded.get("variables")
     if not isinstance(variables, dict) or not all(isinstance(v, str) for v in variables.values()):
         raise UsageError(f"reanalyse {root}: {PLAN} is damaged (no variables)")
     spec = load_spec(spec_file, variables)

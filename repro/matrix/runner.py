@@ -33,7 +33,7 @@ from repro.errors import (
     is_interrupt,
     request_interrupt,
 )
-from repro.jsonl import read_journal
+from repro.jsonl import read_journal, read_json_object
 from repro.matrix import sequential
 from repro.matrix.analysis import CellRun, MatrixAnalysis, analyse, cell_counts
 from repro.matrix.cell import CELLS, LOGS, move_aside, run_cell
@@ -46,7 +46,7 @@ from repro.matrix.spec import MatrixSpec, load_spec
 from repro.cluster.rayutil import Executor, check_executor
 from repro.store.records import Summary
 from repro.store.paths import default_dir
-from repro.store.rundir import SUMMARY, dump_json, read_recorded
+from repro.store.rundir import SUMMARY, dump_json
 from repro.cluster.rayutil import connected
 from repro.cluster.rayutil import require_ray
 from repro.matrix.ray_executor import execute_on_ray
@@ -144,7 +144,9 @@ class MatrixRunner:
     def _prepare(self, spec_text: str, resume: bool) -> None:
         plan_file = self.path / PLAN
         if resume:
-            recorded = read_recorded(self.path, PLAN, kind="matrix")
+            if not plan_file.exists():
+                raise UsageError(f"--resume {self.path}: not a matrix directory (no {PLAN})")
+            recorded = read_json_object(plan_file, f"--resume {self.path}")
             refusal = resume_refusal(recorded, self.spec, str(self.path))
             if refusal is not None:
                 raise UsageError(refusal)

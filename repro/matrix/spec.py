@@ -8,6 +8,7 @@ fresh free port for every cell) and the built-ins of BUILTIN_VARIABLES.
 
 from __future__ import annotations
 
+import math
 import re
 import shlex
 import string
@@ -49,6 +50,10 @@ LOAD_SET_BY_MATRIX = ("base_url", "out")
 LOAD_NOT_IN_MATRIX = ("executor", "ray_address", "worker_resources")
 """`repro run` options that place a run's workers on a Ray cluster: a cell's load runs beside its deployment
 (local `workers` are fine), and `repro matrix --executor ray` is what places cells on a cluster."""
+
+
+MAX_RUNS = 10_000
+"""Most runs (cells x replicates) a matrix plans: each is a deployment and a load, minutes at least."""
 
 
 class Template(string.Template):
@@ -369,6 +374,12 @@ class MatrixSpec(_Model):
                 found += self._level_problems(("design", "cells", index), cell, complete=True)
         elif design.cells is not None:
             found.append((("design", "cells"), "only a `list` design takes cells"))
+        combinations = math.prod(len(factor.levels) for factor in self.factors.values())
+        cells = len(design.cells or []) if design.type == "list" else combinations // (2 if design.type == "half" else 1)
+        if cells * design.replicates > MAX_RUNS:
+            # Counted, never built: 2^20 cells or 10^8 replicates must be refused before a plan lists them.
+            found.append((("design",), f"{cells} cells x {design.replicates} replicates is {cells * design.replicates} "
+                                       f"runs; a matrix runs at most {MAX_RUNS}"))
         if design.type == "half":
             many = [f for f, factor in self.factors.items() if len(factor.levels) != 2]
             if len(self.factors) < 3:

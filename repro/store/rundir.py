@@ -297,7 +297,8 @@ class Run:
 def read_regular(file: Path) -> bytes:
     """The bytes of a record file; DamagedRun when it is not a regular file (a link to /dev/zero, a FIFO),
     which would never end or never answer. OSError when it cannot be read."""
-    if not stat.S_ISREG(file.stat().st_mode):
+    mode = file.stat().st_mode
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):  # a directory fails the read below, and says so
         raise DamagedRun(f"{file}: not a regular file")
     return file.read_bytes()
 
@@ -413,17 +414,3 @@ def dump_json(path: Path, data: object) -> None:
     """Atomically write plain JSON (for files outside the run directory's models, e.g. matrix.json)."""
     _atomic_write(Path(path), json.dumps(data, indent=2, sort_keys=False) + "\n")
 
-
-def read_recorded(directory: Path, name: str, *, kind: str) -> dict:
-    """The JSON object `name` that a bisect or matrix directory keeps for `--resume`; a UsageError naming
-    the directory and what is wrong with it (missing, unreadable, not a JSON object)."""
-    file = directory / name
-    if not file.exists():
-        raise UsageError(f"--resume {directory}: not a {kind} directory (no {name})")
-    try:
-        recorded = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as err:
-        raise UsageError(f"--resume {directory}: {name} is damaged ({type(err).__name__})") from None
-    if not isinstance(recorded, dict):
-        raise UsageError(f"--resume {directory}: {name} is damaged (not a JSON object)")
-    return recorded

@@ -55,6 +55,9 @@ def _span(part: str) -> list[int]:
         raise ValueError(part)
     values = [low]
     while (values[-1] * size if kind == "x" else values[-1] + size) <= high:
+        if len(values) == MAX_LEVELS:
+            # Counted while built: `1-100000000:+1` must be refused before it is a list of 10^8 levels.
+            raise UsageError(f"--concurrency {part!r}: a sweep needs 2 to {MAX_LEVELS} levels, this range has more")
         values.append(values[-1] * size if kind == "x" else values[-1] + size)
     return values
 
