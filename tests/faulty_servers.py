@@ -30,6 +30,8 @@ connection is routed by its first request, so keep one mode per client connectio
 - `comments`: an endless stream of SSE comments, as fast as the client reads.
 - `huge-loop`: the first turn's tool-call arguments are a 2 MB repetition loop (never closed).
 - `endless-side`: good completions, but `/server_info` and `/metrics` answer an endless body.
+- `hang-metrics`: good completions, but `/metrics` sends its headers and then nothing for a minute: the
+  run's last scrape, after its last session, waits out its timeout.
 - `raw-malformed`, `raw-reset`: as `malformed` and `reset` (the reset is a TCP RST).
 - `cancelled`: the first turn's stream is the role chunk and `[DONE]`, no finish_reason (a stream
   cancelled in flight, closed properly); later turns are good.
@@ -459,6 +461,11 @@ class RawFaults:
                 {"object": "list", "data": [{"id": MODEL, "object": "model"}]}).encode()
             writer.write(_json_response(listing))
             return True
+        if mode == "hang-metrics" and path.endswith("/metrics"):
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: 10\r\n\r\n")
+            await writer.drain()
+            await asyncio.sleep(60)
+            return False
         if mode == "endless-side" and path.endswith(("/server_info", "/metrics")):
             writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ntransfer-encoding: chunked\r\n\r\n")
             piece = _frame(b"# " + b"x" * 65536 + b"\n")

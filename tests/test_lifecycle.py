@@ -176,6 +176,22 @@ def test_gate_after_sigterm_is_inconclusive_unless_partial_is_allowed(
     assert code == 0, text
 
 
+def test_ctrl_c_after_the_last_session_still_saves_the_summary_and_the_report(faulty: str, tmp_path: Path) -> None:
+    # The run's last /metrics scrape hangs until its timeout: the Ctrl-C lands after every session is
+    # recorded and before summary.json exists, the window where it used to lose both.
+    out = tmp_path / "run"
+    proc = popen("run", "--base-url", f"{faulty}/hang-metrics/v1", "--sessions", "4", "--turns", "2",
+                 "--out", str(out))
+    wait_for_sessions(proc, out, 4)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "stopping: saving" in err and err.rstrip().endswith("repro: interrupted"), err
+    run = load_run(out)
+    assert run.summary is not None and not run.summary.interrupted and run.summary.sessions == 4
+    assert (out / "report.html").exists()
+
+
 # 9. Secrets are never echoed nor written; a URL with a password is refused.
 
 

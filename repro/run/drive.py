@@ -36,18 +36,21 @@ from repro.workload.trace import Trace
 
 @dataclass
 class Halting:
-    """What a first Ctrl-C does to a `--until-decided` run (the `stopping` callback around its load and
-    its saving): halt the load while it runs (or as soon as it starts, when it came before); once a
-    look has decided, or the last wave ended, nothing, so the saving completes and a decided run stays
-    decided (a run that stopped because it knew the answer was not interrupted)."""
+    """What a first Ctrl-C does to a run (the `stopping` callback around its load and its saving): halt
+    the load while it runs (or as soon as it starts, when it came before); once the load is over (a look
+    decided, or the last session ended), only note it, so the saving completes: a decided run stays
+    decided, and any other run ends as interrupted once summary.json and report.html are written."""
 
     halt: Callable[[], None] | None = None
     requested: bool = False
     """A Ctrl-C came before the load could take it."""
     over: bool = False
+    late: bool = False
+    """A Ctrl-C came once the load was over: the saving completes first, then the run ends as interrupted."""
 
     def __call__(self) -> None:
         if self.over:
+            self.late = True
             return
         if self.halt is None:
             self.requested = True

@@ -73,14 +73,20 @@ def execute_run(
             for warning in observed.warnings:
                 say(console, writer.scrub_text(warning))  # a probe's error may quote a server that echoed the key
             start.write_manifest(manifest(options, name, run_dir.name, loaded, target, observed))
-            if rule is not None and threading.current_thread() is threading.main_thread():
-                # From its first wave to the end of its saving, a `--until-decided` run takes a Ctrl-C itself.
+            if threading.current_thread() is threading.main_thread():
+                # From its first session to the end of its saving, a run takes a Ctrl-C itself: one that comes
+                # after the last session lets summary.json and report.html be written first.
                 signals.enter_context(stopping(halting))
             with saving("the records of the sessions in flight, summary.json and report.html"):
                 driven = anyio.run(drive, options, config, writer, console, live, target.base_url, rule, halting,
                                    transport, start.on_placed)
         with saving("summary.json and report.html"):
-            return finish(options, run_dir, writer, start.manifest, driven, rule, console, report)
+            result = finish(options, run_dir, writer, start.manifest, driven, rule, console, report)
+    if halting.late and rule is None:
+        # Everything is saved; the Ctrl-C still stops whoever called: the CLI (exit 130), a matrix or a sweep.
+        # A `--until-decided` run that had decided keeps its decision.
+        raise KeyboardInterrupt
+    return result
 
 
 def run_directory(options: RunOptions, name: str) -> tuple[Path, bool]:
