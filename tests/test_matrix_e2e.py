@@ -352,8 +352,9 @@ def test_sequential_sim_matrix_stops_when_decided_and_starts_no_more_servers(tmp
 
 
 def test_a_sequential_matrix_resumes_at_the_round_it_was_in(tmp_path: Path) -> None:
-    # No corruption at all (no simulated clock): nothing is decided, so round 2 runs every cell again.
-    spec = sim_spec(tmp_path, "seqkill", load=TINY, variables={"time_scale": "0", "final_after": "2"},
+    # No corruption at all (no simulated time on a virtual clock, whatever the load): nothing is decided, so
+    # round 2 runs every cell again.
+    spec = sim_spec(tmp_path, "seqkill", load=TINY, variables={"time_scale": "0", "final_after": "2", "clock": "virtual"},
                     design={"replicates": 2, "sequential": True})
     matrix = tmp_path / "m"
     proc = start(["matrix", str(spec), "--out", str(matrix), "--no-cell-reports"], tmp_path / "m.log")
