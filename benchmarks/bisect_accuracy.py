@@ -15,7 +15,12 @@ product's own code:
   bisect_probe_sessions(P, 64) sessions in whole rounds, every answer trusted;
 - git-1round: the same with one round per probe (a probe as long as one `repro run`).
 
-    .venv/bin/python benchmarks/bisect_accuracy.py [--seeds 20] [--commits 64]
+`--find-fix` turns the history round: the commits before a fix drawn uniformly from the range
+corrupt, the fix and every later commit do not, and each method searches as `repro bisect commits
+--find-fix` does (repro.bisect.direction: the range newest first; a method is right when the
+commit it names, mapped back to history, is the fix).
+
+    .venv/bin/python benchmarks/bisect_accuracy.py [--seeds 20] [--commits 64] [--find-fix]
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import time
 import numpy as np
 
 from repro.bisect.commits import Ended, decide
+from repro.bisect.direction import Searched
 from repro.bisect.journal import ProbeRecord
 from repro.bisect.posterior import Model, ProbePlan, judge_probe
 from repro.bisect.probe import ProbeSettings
@@ -44,23 +50,34 @@ def draw_probe(rng: np.random.Generator, plan: ProbePlan, rate: float) -> tuple[
             return verdict, corrupt, completed
 
 
-def bayes(rng, commits: int, culprit: int, rate: float, good: float, settings: ProbeSettings, budget: int,
+def is_bad(searched: Searched, changed: int, index: int) -> bool:
+    """Whether the search's commit `index` corrupts, when history commit `changed` is the culprit or the fix."""
+    history = searched.history(index)
+    return history >= changed if searched.direction == "regression" else history < changed
+
+
+def bayes(rng, searched: Searched, changed: int, rate: float, good: float, settings: ProbeSettings, budget: int,
           confidence: float):
     model = Model(good_rate=settings.good_rate, min_bad_rate=settings.min_bad_rate)
     records: list[ProbeRecord] = []
     while True:
-        step = decide(commits, records, model, settings, confidence=confidence, max_probes=10_000, max_sessions=budget)
+        step = decide(searched.commits, records, model, settings, confidence=confidence, max_probes=10_000,
+                      max_sessions=budget, searched=searched)
         if isinstance(step, Ended):
-            named = step.stop.commit if step.stop is not None and step.stop.reason in ("found", "budget") else None
+            found = step.stop is not None and step.stop.reason in ("found", "budget") and step.stop.commit is not None
+            named = searched.named(step.stop.commit) if found else None
             return named, sum(r.completed for r in records), len(records)
-        truth = rate if step.index >= culprit else good
+        truth = rate if is_bad(searched, changed, step.index) else good
         verdict, corrupt, completed = draw_probe(rng, step.plan, truth)
         records.append(ProbeRecord(number=len(records) + 1, target=str(step.index), index=step.index,
                                    verdict=verdict, corrupt=corrupt, clean=completed - corrupt))
 
 
-def git_bisect(rng, commits: int, culprit: int, rate: float, good: float, settings: ProbeSettings, rounds: int | None):
-    """The bad end measured first (up to two rounds: `repro probe` needs --bad-rate), then git's loop."""
+def git_bisect(rng, searched: Searched, changed: int, rate: float, good: float, settings: ProbeSettings,
+               rounds: int | None):
+    """The bad end measured first (up to two rounds: `repro probe` needs --bad-rate), then git's loop (in the
+    search's order, as `git bisect --term-old/--term-new` runs a fix search)."""
+    commits = searched.commits
     measure = ProbePlan("fixed", settings.round_sessions, 2 * settings.round_sessions, 0.5, settings.good_rate)
     _, corrupt, sessions = draw_probe(rng, measure, rate)
     if corrupt == 0:
@@ -72,13 +89,13 @@ def git_bisect(rng, commits: int, culprit: int, rate: float, good: float, settin
     low, high, probes = 0, commits - 1, 1
     while high - low > 1:
         mid = (low + high) // 2
-        verdict, _, completed = draw_probe(rng, plan, rate if mid >= culprit else good)
+        verdict, _, completed = draw_probe(rng, plan, rate if is_bad(searched, changed, mid) else good)
         sessions, probes = sessions + completed, probes + 1
         if verdict == "bad":
             high = mid
         else:
             low = mid
-    return high, sessions, probes
+    return searched.named(high), sessions, probes
 
 
 def main() -> None:
@@ -90,28 +107,31 @@ def main() -> None:
     parser.add_argument("--rate-high", type=float, default=0.20)
     parser.add_argument("--good-rate-true", type=float, default=0.0)
     parser.add_argument("--confidence", type=float, default=0.95, help="bayes: stop when one commit holds this much")
+    parser.add_argument("--find-fix", action="store_true", help="search for the fix after a bad range")
     args = parser.parse_args()
+    searched = Searched("fix" if args.find_fix else "regression", args.commits)
 
     steps = math.ceil(math.log2(args.commits))
     results: dict[str, list[tuple[bool, int, int]]] = {"bayes": [], "git-fixed": [], "git-1round": []}
     started = time.monotonic()
     for seed in range(args.seeds):
         rng = np.random.default_rng(seed)
-        culprit = int(rng.integers(1, args.commits))
+        changed = int(rng.integers(1, args.commits))  # the culprit, or with --find-fix the fix
         rate = float(rng.uniform(args.rate_low, args.rate_high))
         fixed = ProbeSettings(load={}, round_sessions=args.round, max_rounds=20, mode="fixed")
         # git-fixed's worst case at the true rate, and the bad end's two measuring rounds.
         budget = 2 * args.round + steps * fixed.plan(rate, args.commits).max_sessions
         settings = ProbeSettings(load={}, round_sessions=args.round, max_rounds=1)  # `bisect commits`' default
-        truth = (args.commits, culprit, rate, args.good_rate_true)
+        truth = (searched, changed, rate, args.good_rate_true)
         for name, run in (
             ("bayes", lambda: bayes(rng, *truth, settings, budget, args.confidence)),
             ("git-fixed", lambda: git_bisect(rng, *truth, fixed, None)),
             ("git-1round", lambda: git_bisect(rng, *truth, fixed, 1)),
         ):
             named, sessions, probes = run()
-            results[name].append((named == culprit, sessions, probes))
-    print(f"{args.seeds} seeds, {args.commits} commits, bad rate U[{args.rate_low}, {args.rate_high}], "
+            results[name].append((named == changed, sessions, probes))
+    what = "find-fix: the first good commit after a bad range" if args.find_fix else "the first bad commit"
+    print(f"{what}; {args.seeds} seeds, {args.commits} commits, bad rate U[{args.rate_low}, {args.rate_high}], "
           f"good commits corrupt at {args.good_rate_true}, rounds of {args.round} sessions "
           f"({time.monotonic() - started:.1f}s)")
     print(f"{'method':<12} {'right':>8} {'median sessions':>16} {'max sessions':>13} {'median probes':>14}")

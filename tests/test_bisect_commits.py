@@ -113,6 +113,31 @@ def test_commit_bisection_steers_around_broken_builds_survives_sigkill_and_resum
     assert "data:image/png;base64," in html and "drop the index-K gate" in html
 
 
+def test_find_fix_names_the_commit_that_adds_the_gate(tmp_path: Path) -> None:
+    # Commits 0-2 lack the index-K gate (they corrupt on the virtual clock); commit 3 adds it.
+    shas = build_repo(tmp_path / "repo", commits=6, culprit=3, fix=True)
+    out = tmp_path / "bisect"
+    done = subprocess.run([*REPRO, "bisect", "commits", "--repo", str(tmp_path / "repo"), "--find-fix",
+                           "--bad", shas[0], "--good", "main", "--build", BUILD, "--deploy", DEPLOY,
+                           "--out", str(out), *LOAD], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "the first good commit after a bad range (--find-fix)" in done.stderr
+    assert f"Fixing commit: {shas[3]}" in done.stderr
+    state = json.loads((out / "bisect.json").read_text())
+    assert state["direction"] == "fix" and state["found"][0].startswith(f"3 {shas[3][:10]}")
+    # The old end is probed first (it must corrupt); labels speak history, indexes the search's order.
+    first = state["probes"][0]
+    assert first["target"].startswith(f"0 {shas[0][:10]}") and first["index"] == 5 and first["verdict"] == "bad"
+    assert all(p["corrupt"] == 0 for p in state["probes"] if int(p["target"].split()[0]) >= 3)
+    md = (out / "report.md").read_text()
+    assert "Searched: the first good commit after a bad range (--find-fix)." in md and "P(fixes it)" in md
+    # The ends the other way round are a usage error that names the options as given.
+    wrong = subprocess.run([*REPRO, "bisect", "commits", "--repo", str(tmp_path / "repo"), "--find-fix",
+                            "--bad", "main", "--good", shas[0], "--deploy", DEPLOY, "--out", str(tmp_path / "w")],
+                           capture_output=True, text=True, timeout=60)
+    assert wrong.returncode == 2 and f"--bad main is not an ancestor of --good {shas[0]}" in wrong.stderr
+
+
 def test_git_bisect_run_reads_repro_probe_and_ctrl_c_leaves_nothing(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
     shas = build_repo(repo, commits=4, culprit=2)

@@ -147,8 +147,12 @@ BUILD_TIMEOUT = typer.Option(1800.0, "--build-timeout", help="Seconds a build ma
 @(LOAD | SEARCH).into("options")
 def commits_command(
     repo: Path = typer.Option(Path("."), "--repo", help="The git repository."),
-    good: str = typer.Option(..., "--good", help="A commit without the corruption."),
-    bad: str = typer.Option(..., "--bad", help="A later commit with it (first-parent descendant of --good)."),
+    good: str = typer.Option(..., "--good", help="A commit without the corruption (with --find-fix: the later end)."),
+    bad: str = typer.Option(..., "--bad", help="A later commit with it (first-parent descendant of --good; "
+                            "with --find-fix: the older end)."),
+    find_fix: bool = typer.Option(
+        False, "--find-fix", help="Name the first good commit after a bad range (the fix): --bad is the older end."
+    ),
     deploy: str | None = typer.Option(None, "--deploy", help=DEPLOY_HELP),
     matrix_deployment: Path | None = typer.Option(
         None, "--matrix-deployment", help="Deploy as this matrix spec deploys a cell, with its variables rev and src set."
@@ -171,7 +175,8 @@ def commits_command(
     *,
     options: dict[str, Any],  # LOAD and SEARCH: OptionGroup.into fills it
 ) -> None:
-    """Bayesian search for the first bad commit: each probe deploys a commit and runs the load on it."""
+    """Bayesian search for the first bad commit (or with --find-fix the fixing one): each probe deploys a commit and
+    runs the load on it."""
     from repro.bisect.commits import bisect_commits
     from repro.bisect.executor import probe_executor
     from repro.bisect.matrixdeploy import load_deployment
@@ -195,7 +200,7 @@ def commits_command(
                             out=out or default_dir("bisect", "commits"), build=build, resume=resume,
                             confidence=confidence, max_probes=max_probes, max_sessions=max_sessions,
                             build_timeout=build_timeout, ready_timeout=options["ready_timeout"], executor=runner,
-                            parallel=parallel)
+                            parallel=parallel, find_fix=find_fix)
     raise typer.Exit(result.exit_code)
 
 

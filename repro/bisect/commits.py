@@ -12,6 +12,9 @@ With `--parallel K` on Ray (repro.bisect.executor), every step after the bad end
 at once, at the posterior's K quantiles (repro.bisect.posterior.spread_commits); each result enters
 the posterior as independent evidence (counts add up per commit, whatever the order they end in).
 A probe lost with its Ray task is no evidence and marks nothing: its commit may be chosen again.
+
+With `--find-fix` the same search runs over the range newest first and names the first good commit
+after a bad range (repro.bisect.direction).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Callable, Sequence
 
 from rich.console import Console
 
+from repro.bisect.direction import WORDS, Searched
 from repro.bisect.executor import LocalProbes, ProbeExecutor
 from repro.bisect.gitrepo import Commit, commit_range, extract, prepare, remove_checkout, tree_archive
 from repro.bisect.journal import Journal, ProbeRecord
@@ -77,6 +81,7 @@ def decide(
     confidence: float,
     max_probes: int,
     max_sessions: int,
+    searched: Searched | None = None,
 ) -> Next | Ended:
     """The search's next probe from the probes so far (pure: the command and the benchmark share it).
 
@@ -84,7 +89,7 @@ def decide(
     never chosen again.
     """
     step = decide_many(commits, records, model, settings, parallel=1, confidence=confidence,
-                       max_probes=max_probes, max_sessions=max_sessions)
+                       max_probes=max_probes, max_sessions=max_sessions, searched=searched)
     return step if isinstance(step, Ended) else step[0]
 
 
@@ -98,13 +103,16 @@ def decide_many(
     confidence: float,
     max_probes: int,
     max_sessions: int,
+    searched: Searched | None = None,
 ) -> list[Next] | Ended:
     """The search's next probes, up to `parallel` of them to run at once (never past `max_probes`).
 
     The bad end is probed alone (nothing is worth probing before it is known to corrupt). Then one
     probe: the commit whose probe is expected to teach most (`next_commit`); several: the commits at
     the posterior's quantiles (`spread_commits`). Lost probes count against the budget only.
+    `searched` names the leader in the decision trail by its history index (default: a regression search).
     """
+    searched = searched or Searched("regression", commits)
     post = posterior(commits, _observations(records), model)
     bad_end = [r for r in records if r.index == commits - 1 and r.verdict != "lost"]
     if not bad_end:
@@ -127,7 +135,7 @@ def decide_many(
     gain = information_gain(post, plan.round_sessions, model.good_rate)
     bad = post.bad_probability()
     best, p_best = post.top(1)[0]
-    leader = f"leader #{best} at {p_best:.2f}, bad rate ~{post.bad_rate:.1%}"
+    leader = f"leader #{searched.named(best)} at {p_best:.2f}, bad rate ~{post.bad_rate:.1%}"
     where = [""] if count == 1 else [f"quantile {j}/{count + 1} of the posterior: " for j in range(1, count + 1)]
     return [Next(i, plan, f"{at}P(bad) = {bad[i]:.2f}, expected gain {gain[i]:.2f} bits; {leader}")
             for at, i in zip(where, picks)]
@@ -165,15 +173,16 @@ class CommitJob:
         return replace(self, tree=tree_archive(self.repo, self.sha))
 
 
-def _conclusion(stop: Stop, post: Posterior, commits: list[Commit], confidence: float) -> str:
+def _conclusion(stop: Stop, post: Posterior, history: list[Commit], searched: Searched, confidence: float) -> str:
+    words = WORDS[searched.direction]
     if stop.reason == "found" and stop.commit is not None:
-        commit = commits[stop.commit]
-        return (f"First bad commit: {commit.sha} ({commit.subject}), P = {stop.probability:.3f}; "
-                f"estimated bad rate {post.bad_rate:.1%}.")
+        commit = history[searched.named(stop.commit)]
+        return (f"{words['named']}: {commit.sha} ({commit.subject}), P = {stop.probability:.3f}; "
+                f"estimated bad rate {post.bad_rate:.1%}. Searched: {words['searched']}.")
     if stop.reason == "no_culprit":
         return (f"No commit of the range is to blame (P = {stop.probability:.3f}): the bad end does not "
-                "reproduce the corruption at the least rate looked for.")
-    best = ", ".join(f"{commits[i].sha[:10]} ({p:.2f})" for i, p in post.top(3))
+                f"reproduce the corruption at the least rate looked for. Searched: {words['searched']}.")
+    best = ", ".join(f"{history[searched.named(i)].sha[:10]} ({p:.2f})" for i, p in post.top(3))
     why = {"budget": "the probe or session budget ran out",
            "stuck": "the doubt left is on commits whose probes were inconclusive"}
     return f"No commit holds {confidence:.2f} of the posterior ({why[stop.reason]}); likeliest: {best}."
@@ -199,21 +208,27 @@ def bisect_commits(
     console: Console | None = None,
     executor: ProbeExecutor | None = None,
     parallel: int = 1,
+    find_fix: bool = False,
 ) -> SearchOutcome:
     """Run (or resume) a commit bisection in `out`; see the module docstring. The deployment is the
     `deploy` command or a matrix spec's cell (`matrix`, from repro.bisect.matrixdeploy); `parallel`
-    probes run at once on an executor that can (Ray)."""
+    probes run at once on an executor that can (Ray). `find_fix`: `bad` is the older end, `good` a
+    later one, and the search names the first good commit after the bad range."""
     if (deploy is None) == (matrix is None):
         raise UsageError("give exactly one of --deploy, --matrix-deployment")
     if not 0.5 < confidence < 1.0:
         raise UsageError(f"--confidence must be between 0.5 and 1, got {confidence}")
     console = console or Console(stderr=True, highlight=False, soft_wrap=True)
     repo = Path(repo).resolve()
-    commits = commit_range(repo, good, bad)
+    history = commit_range(repo, bad, good, names=("--bad", "--good")) if find_fix else commit_range(repo, good, bad)
+    n = len(history)
+    searched = Searched("fix" if find_fix else "regression", n)
+    commits = history[::-1] if find_fix else history
     model = Model(good_rate=settings.good_rate, min_bad_rate=settings.min_bad_rate, none_prior=none_prior)
-    n = len(commits)
     setup = {
         "kind": "commits",
+        # Only a fix search records its direction: a regression search's setup reads as before, for --resume.
+        **({"direction": "fix"} if find_fix else {}),
         "repo": str(repo),
         "commits": [c.sha for c in commits],
         "deploy": deploy,
@@ -228,9 +243,12 @@ def bisect_commits(
     executor = executor or LocalProbes()
     with executor.connected():
         search = Search(Journal(out, setup, resume=resume), settings, console, executor)
-        base = {"kind": "commits", "commits": [c.label(i) for i, c in enumerate(commits)]}
+        console.print(f"Searching {n} commits for {WORDS[searched.direction]['searched']}.")
+        base = {"kind": "commits", "direction": searched.direction, "searched": WORDS[searched.direction]["searched"],
+                "commits": [c.label(i) for i, c in enumerate(history)]}
         try:
-            step = _search(search, commits, model, parallel=parallel, confidence=confidence, max_probes=max_probes,
+            step = _search(search, commits, searched, model, parallel=parallel, confidence=confidence,
+                           max_probes=max_probes,
                            max_sessions=max_sessions,
                            job=lambda sha: CommitJob(repo, sha, deploy, matrix, build, build_timeout, ready_timeout))
         except ProbesLost as err:
@@ -240,15 +258,17 @@ def bisect_commits(
         return search.finish({**base, "status": "stuck", "found": [], "top": [],
                               "conclusion": f"The bad end could not be probed: {bad_end[-1].message}"})
     stop, post = step.stop, step.posterior
-    top = [{"label": commits[i].label(i), "probability": p} for i, p in post.top(5)]
-    found = [commits[stop.commit].label(stop.commit)] if stop.reason == "found" and stop.commit is not None else []
+    top = [{"label": history[searched.named(i)].label(searched.named(i)), "probability": p} for i, p in post.top(5)]
+    named = searched.named(stop.commit) if stop.commit is not None else None
+    found = [history[named].label(named)] if stop.reason == "found" and named is not None else []
     return search.finish({**base, "status": stop.reason, "found": found, "top": top, "none": post.none,
-                          "bad_rate": post.bad_rate, "conclusion": _conclusion(stop, post, commits, confidence)})
+                          "bad_rate": post.bad_rate,
+                          "conclusion": _conclusion(stop, post, history, searched, confidence)})
 
 
-def _search(search: Search, commits: list[Commit], model: Model, *, parallel: int, confidence: float,
-            max_probes: int, max_sessions: int, job: Callable[[str], CommitJob]) -> Ended:
-    """Probe step after step until `decide_many` ends the search."""
+def _search(search: Search, commits: list[Commit], searched: Searched, model: Model, *, parallel: int,
+            confidence: float, max_probes: int, max_sessions: int, job: Callable[[str], CommitJob]) -> Ended:
+    """Probe step after step until `decide_many` ends the search; `commits` in the search's order."""
     n = len(commits)
 
     def after(records: list[ProbeRecord]) -> list[float]:
@@ -257,11 +277,11 @@ def _search(search: Search, commits: list[Commit], model: Model, *, parallel: in
 
     while True:
         step = decide_many(n, search.records, model, search.settings, parallel=parallel, confidence=confidence,
-                           max_probes=max_probes, max_sessions=max_sessions)
+                           max_probes=max_probes, max_sessions=max_sessions, searched=searched)
         if isinstance(step, Ended):
             return step
-        requests = [ProbeRequest(commits[nxt.index].label(nxt.index), job(commits[nxt.index].sha), nxt.plan, nxt.why,
-                                 index=nxt.index) for nxt in step]
+        requests = [ProbeRequest(commits[nxt.index].label(searched.history(nxt.index)), job(commits[nxt.index].sha),
+                                 nxt.plan, nxt.why, index=nxt.index) for nxt in step]
         try:
             search.probe_all(requests, posterior=after)
         finally:

@@ -52,22 +52,24 @@ def _resolve(repo: Path, rev: str, option: str) -> str:
     return done.stdout.decode().strip()
 
 
-def commit_range(repo: Path, good: str, bad: str) -> list[Commit]:
-    """The good commit, then every first-parent commit after it up to the bad one."""
+def commit_range(repo: Path, good: str, bad: str, names: tuple[str, str] = ("--good", "--bad")) -> list[Commit]:
+    """The older commit `good`, then every first-parent commit after it up to `bad`; `names` are the
+    options that gave the two ends (a fix search gives the older end as --bad)."""
     if _git(repo, "rev-parse", "--git-dir").returncode != 0:
         raise UsageError(f"--repo {repo}: not a git repository")
-    good_sha, bad_sha = _resolve(repo, good, "--good"), _resolve(repo, bad, "--bad")
+    old, new = names
+    good_sha, bad_sha = _resolve(repo, good, old), _resolve(repo, bad, new)
     if good_sha == bad_sha:
-        raise UsageError("--good and --bad are the same commit: nothing to bisect")
+        raise UsageError(f"{old} and {new} are the same commit: nothing to bisect")
     if _git(repo, "merge-base", "--is-ancestor", good_sha, bad_sha).returncode != 0:
-        raise UsageError(f"--good {good} is not an ancestor of --bad {bad}")
+        raise UsageError(f"{old} {good} is not an ancestor of {new} {bad}")
     log = _git(repo, "log", "--first-parent", "--reverse", "--format=%H%x00%s", f"{good_sha}..{bad_sha}")
     later = [line.split("\0", 1) for _, line in numbered_lines(log.stdout.decode(errors="replace"))]
     subject = _git(repo, "log", "-1", "--format=%s", good_sha).stdout.decode(errors="replace").strip()
     # A subject is shown on the terminal and in the reports, never used: its control characters go here.
     commits = [Commit(good_sha, printable(subject)), *(Commit(sha, printable(text)) for sha, text in later)]
     if commits[-1].sha != bad_sha:
-        raise UsageError(f"--bad {bad} is not on the first-parent line from --good {good}")
+        raise UsageError(f"{new} {bad} is not on the first-parent line from {old} {good}")
     return commits
 
 

@@ -35,7 +35,8 @@ class ProbeRecord(BaseModel):
     target: str
     """What was probed: a commit's label, or the changes applied (flags)."""
     index: int | None = None
-    """The commit's index in the range (commit bisection)."""
+    """The commit's index in the range (commit bisection), in the search's order: 0 is the good end,
+    the oldest commit, or with --find-fix the newest."""
     subset: list[int] | None = None
     """The changes applied to the good configuration (flag bisection)."""
     why: str | None = None

@@ -1,6 +1,7 @@
 """The bisection's reports, from its state (what bisect.json holds): report.md and a self-contained
 report.html with every probe's counts and interval, where it ran, the decision trail, and for a
-commit search the posterior plotted over the commits. Everything shown from the probes (commit subjects, settings,
+commit search the direction searched (a regression's first bad commit, or with --find-fix the first
+good one) and the posterior plotted over the commits in history order. Everything shown from the probes (commit subjects, settings,
 server messages) is escaped.
 """
 
@@ -12,6 +13,7 @@ from typing import Any
 import jinja2
 import matplotlib
 
+from repro.bisect.direction import WORDS, Searched
 from repro.cluster.node import describe
 from repro.report.markdown import md_escape
 from repro.report.model import fmt_pct, fmt_range
@@ -49,24 +51,31 @@ def _rows(state: dict[str, Any]) -> list[dict[str, str]]:
 
 
 def posterior_plot(state: dict[str, Any]) -> Plot | None:
-    """P(culprit = c) over the commits after the last probe, the probed commits marked."""
+    """P(named commit = c) over the commits in history order after the last probe, the probed commits marked."""
     last = next((p["posterior"] for p in reversed(state["probes"]) if p.get("posterior")), None)
     if last is None:
         return None
-    culprit = last[:-1]
+    searched = Searched(state.get("direction", "regression"), len(last) - 1)
+    culprit = searched.in_history(last[:-1])
+    words = WORDS[searched.direction]
     with matplotlib.rc_context({"text.parse_math": False}):
         fig, ax = subplots((9, 3.2), top=0.45)  # room for the title
         ax.bar(range(len(culprit)), culprit, color="#c62828", width=0.8)
-        probed = sorted({p["index"] for p in state["probes"] if p.get("index") is not None})
+        probed = sorted({searched.history(p["index"]) for p in state["probes"] if p.get("index") is not None})
         ax.plot(probed, [-0.03] * len(probed), "^", color="#455a64", label="probed")
         ax.set_xlim(-0.5, len(culprit) - 0.5)
         ax.set_ylim(-0.06, 1.0)
-        ax.set_xlabel("commit index (0 = good end, first-parent order)")
-        ax.set_ylabel("P(first bad commit)")
+        ax.set_xlabel(f"commit index (0 = the oldest, {words['old']} end; first-parent order)")
+        ax.set_ylabel(words["probability"])
         ax.set_title(f"Posterior after {len(state['probes'])} probes; P(no culprit) = {last[-1]:.3f}")
         ax.legend(loc="upper left")
         data_uri = encode_figure(fig)
-    return Plot("Posterior over the commits", "Probability that each commit is the first bad one", data_uri)
+    named = "first bad one" if searched.direction == "regression" else "fixing one (the first good one)"
+    return Plot("Posterior over the commits", f"Probability that each commit is the {named}", data_uri)
+
+
+def _words(state: dict[str, Any]) -> dict[str, str]:
+    return WORDS[state.get("direction", "regression")]
 
 
 _HTML = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined).from_string(
@@ -82,8 +91,9 @@ td,th{border:1px solid #ccc;padding:.3em .6em;text-align:left} .bad{color:#c6282
 <h1>repro bisect {{ s.kind }}</h1>
 <p class="verdict">{{ s.conclusion }}</p>
 <p>{{ s.probes | length }} probes, {{ s.sessions }} sessions. Status: {{ s.status }}.</p>
+{% if s.get("searched") %}<p>Searched: {{ s.searched }}.</p>{% endif %}
 {% if s.get("found") %}<h2>Result</h2><ul>{% for item in s.found %}<li><code>{{ item }}</code></li>{% endfor %}</ul>{% endif %}
-{% if s.get("top") %}<h2>Likeliest culprits</h2><table><tr><th>commit</th><th>P(first bad)</th></tr>
+{% if s.get("top") %}<h2>Likeliest culprits</h2><table><tr><th>commit</th><th>{{ words.probability }}</th></tr>
 {% for t in s.top %}<tr><td><code>{{ t.label }}</code></td><td>{{ "%.3f" % t.probability }}</td></tr>{% endfor %}</table>{% endif %}
 {% if plot %}<h2>{{ plot.title }}</h2><img src="{{ plot.data_uri }}" alt="{{ plot.alt }}">{% endif %}
 <h2>Probes and decision trail</h2>
@@ -101,10 +111,12 @@ td,th{border:1px solid #ccc;padding:.3em .6em;text-align:left} .bad{color:#c6282
 def render_markdown(state: dict[str, Any]) -> str:
     lines = [f"# repro bisect {state['kind']}", "", md_escape(state["conclusion"]), ""]
     lines.append(f"{len(state['probes'])} probes, {state['sessions']} sessions. Status: {state['status']}.")
+    if state.get("searched"):
+        lines += ["", f"Searched: {md_escape(state['searched'])}."]
     if state.get("found"):
         lines += ["", "## Result", "", *(f"- {md_escape(item)}" for item in state["found"])]
     if state.get("top"):
-        lines += ["", "## Likeliest culprits", "", "| commit | P(first bad) |", "|---|---|"]
+        lines += ["", "## Likeliest culprits", "", f"| commit | {_words(state)['probability']} |", "|---|---|"]
         lines += [f"| {md_escape(t['label'])} | {t['probability']:.3f} |" for t in state["top"]]
     lines += ["", "## Probes and decision trail", "",
               "| # | probed | why | verdict | corrupt/completed | rate (95% CI) | timeout / error | rounds | ran on | note |",
@@ -122,5 +134,6 @@ def write_reports(path: Path, state: dict[str, Any]) -> tuple[Path, Path]:
     """Write report.md and report.html into the bisect directory."""
     md, html = Path(path) / REPORT_MD, Path(path) / REPORT_HTML
     md.write_text(render_markdown(state), encoding="utf-8")
-    html.write_text(_HTML.render(s=state, rows=_rows(state), plot=posterior_plot(state)), encoding="utf-8")
+    html.write_text(_HTML.render(s=state, rows=_rows(state), plot=posterior_plot(state), words=_words(state)),
+                    encoding="utf-8")
     return md, html

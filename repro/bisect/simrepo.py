@@ -2,9 +2,11 @@
 simulator flags the deploy command reads, and one commit drops `--index-k-gate` (the index-K read
 stops waiting for its layer's load-back while the main-KV read still does: the seeds' "the gate was
 already there"). The commits around it change unrelated flags, timing and eviction settings; one
-commit can be made unbuildable (`build.sh` exits 1) to exercise inconclusive probes.
+commit can be made unbuildable (`build.sh` exits 1) to exercise inconclusive probes. With `--fix K`
+the history runs the other way: the first commits lack the gate and commit K adds it (the fix a
+`--find-fix` search names).
 
-    python -m repro.bisect.simrepo PATH [--commits 64] [--culprit 40] [--broken 20]
+    python -m repro.bisect.simrepo PATH [--commits 64] [--culprit 40 | --fix 40] [--broken 20]
 
 then bisect it with the deploy command printed at the end.
 """
@@ -50,12 +52,13 @@ def _git(repo: Path, *args: str) -> None:
 
 
 def build_repo(
-    path: Path, *, commits: int = 16, culprit: int = 9, broken: Collection[int] = (), seed: int = 0
+    path: Path, *, commits: int = 16, culprit: int = 9, broken: Collection[int] = (), seed: int = 0,
+    fix: bool = False,
 ) -> list[str]:
     """Create the repository at `path` with `commits` commits (index 0 is good) and return their shas.
 
-    Commit `culprit` removes the index-K gate; the commits in `broken` ship a build.sh that fails.
-    Every other commit changes one unrelated setting.
+    Commit `culprit` removes the index-K gate, or with `fix` (index 0 is bad) adds it; the commits in
+    `broken` ship a build.sh that fails. Every other commit changes one unrelated setting.
     """
     if not 1 <= culprit < commits:
         raise ValueError(f"culprit must be in 1..{commits - 1}, got {culprit}")
@@ -64,11 +67,14 @@ def build_repo(
     _git(path, "init", "-q", "-b", "main")
     _git(path, "config", "user.email", "sim@example.invalid")
     _git(path, "config", "user.name", "sim versions")
-    flags = dict(BASE)
+    flags = {k: v for k, v in BASE.items() if not (fix and k == "--index-k-gate")}
     shas = []
     for index in range(commits):
         if index == 0:
-            subject = "v0: HiCache with a bf16 index-K, index-K read gated"
+            subject = f"v0: HiCache with a bf16 index-K, index-K read {'not ' if fix else ''}gated"
+        elif index == culprit and fix:
+            flags["--index-k-gate"] = None
+            subject = f"v{index}: gate the index-K read on its layer's load-back"
         elif index == culprit:
             flags.pop("--index-k-gate", None)
             subject = f"v{index}: drop the index-K gate (the outer pool's gate is already there)"
@@ -93,12 +99,16 @@ def main() -> None:
     parser.add_argument("path", type=Path)
     parser.add_argument("--commits", type=int, default=64)
     parser.add_argument("--culprit", type=int, default=40)
+    parser.add_argument("--fix", type=int, help="the commit that adds the gate (instead of --culprit removing it)")
     parser.add_argument("--broken", type=int, action="append", default=[], help="an unbuildable commit (repeatable)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    shas = build_repo(args.path, commits=args.commits, culprit=args.culprit, broken=args.broken, seed=args.seed)
-    print(f"{args.path}: {len(shas)} commits; the culprit is {shas[args.culprit]}")
-    print(f"repro bisect commits --repo {args.path} --good {shas[0]} --bad {shas[-1]} --build '{BUILD}' \\\n"
+    fix = args.fix is not None
+    changed = args.fix if fix else args.culprit
+    shas = build_repo(args.path, commits=args.commits, culprit=changed, broken=args.broken, seed=args.seed, fix=fix)
+    print(f"{args.path}: {len(shas)} commits; the {'fix' if fix else 'culprit'} is {shas[changed]}")
+    ends = f"--bad {shas[0]} --good {shas[-1]} --find-fix" if fix else f"--good {shas[0]} --bad {shas[-1]}"
+    print(f"repro bisect commits --repo {args.path} {ends} --build '{BUILD}' \\\n"
           f"    --deploy '{DEPLOY}' --sessions 16")
 
 
