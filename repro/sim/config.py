@@ -71,6 +71,11 @@ class SimConfig(BaseModel):
     logprobs_coverage: Literal["full", "no-tool-calls", "none"] = "full"
     """Which generated tokens get log-probabilities in chat: all (SGLang 0.5.23, vLLM 0.33), none inside the
     tool-call block, or none at all."""
+    model_loop_rate: float = Field(0.0, ge=0, le=1)
+    """The model's own loops (repro.sim.loops): the share of long prompts it answers with one span repeated
+    until max_tokens, at any load and on any configuration."""
+    model_loop_after_turns: int = Field(3, ge=0)
+    """A prompt is long once the conversation holds this many assistant turns."""
     fault_log: Path | None = None
     warmup: float = Field(0.0, ge=0)
     """Real seconds during which /health answers 503, as a starting server does."""
@@ -95,6 +100,9 @@ _FLAG_HELP: dict[str, str] = {
     "logprobs_coverage": "chat log-probabilities: full (as SGLang 0.5.23), no-tool-calls (withheld from the "
                          "tool-call block on), or none",
     "warmup": "seconds during which /health answers 503",
+    "model_loop_rate": "share of long prompts the model itself answers with a loop (one span repeated up to "
+                       "max_tokens, no tool call), decided by the conversation and turn: the same at any load",
+    "model_loop_after_turns": "a prompt is long once the conversation holds this many assistant turns",
     "tool_parser": "the server-side parser: sglang-0.5.23 (deepseek-recipe itself where installed, else its "
                    "emulation), sglang-0.5.20 or vllm-0.33 (emulated)",
 }

@@ -26,6 +26,7 @@ from repro.sim.corrupt import damage
 from repro.sim.engine import CHARS_PER_TOKEN, Engine, EngineRequest, Race, context_length, count_tokens, page_keys
 from repro.sim.faults import FaultLog, FaultRecord, WedgeRecord, parser_effect
 from repro.sim.lockstep import SESSION_HEADER
+from repro.sim.loops import looping_answer, loops
 from repro.sim.metrics import SimMetrics
 from repro.sim.model import answer, assistant_turns, conversation_key, rng_for
 from repro.sim.parser import ParsedOutput, parse_output
@@ -115,6 +116,8 @@ class Simulator:
         tools = [t.model_dump(exclude_none=True) for t in request.tools]
         seed = self.config.seed if request.seed is None else hash((self.config.seed, request.seed))
         meant = answer(messages, tools, request.choice_value(), seed=seed, final_after_turns=self.config.final_after_turns)
+        if loops(self.config, messages, seed):
+            meant = looping_answer(request.token_limit, CHARS_PER_TOKEN)
         prompt_tokens = count_tokens(prompt)
         loop = asyncio.get_running_loop()
         reply: asyncio.Future[Reply] = loop.create_future()
