@@ -165,13 +165,18 @@ def run_command(
     ),
     config: Path | None = typer.Option(None, "--config", help="YAML file of these options; the command line wins."),
     report: bool = typer.Option(True, "--report/--no-report", help="Render report.html (default: yes; `repro report` renders it later)."),
+    control: list[str] | None = typer.Option(
+        None, "--control", help="A control arm of the same tasks, after the run: concurrency-1, or "
+        "reference=URL[,api-key-env=NAME] (repeatable); control.json says which failing turns fail there too."
+    ),
 ) -> None:
     """Drive a deployment with concurrent agentic sessions and classify each as clean, corrupt, timeout or error."""
-    overrides = {key: value for key, value in locals().items() if key not in ("config", "report")}
+    overrides = {key: value for key, value in locals().items() if key not in ("config", "report", "control")}
+    from repro.run.control import parse_control, run_with_controls
     from repro.run.options import RunOptions
-    from repro.run.runner import execute_run
 
-    result = execute_run(RunOptions.from_sources(config, overrides), report=report)
+    arms = [parse_control(text) for text in control or []]
+    result = run_with_controls(RunOptions.from_sources(config, overrides), arms, report=report)
     raise typer.Exit(result.exit_code)
 
 

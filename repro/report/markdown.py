@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 
+from repro.store.loops import describe, loop_line
 from repro.store.records import ParserEffect
 from repro.report.model import ReportModel, clip, fmt_conf, fmt_pct, fmt_points, fmt_range
 from repro.untrusted import printable
@@ -94,5 +95,10 @@ def render_markdown(model: ReportModel) -> str:
             lines += ["", f"Corrupt sessions in **{md_escape(run.name)}**: "
                       f"{', '.join(str(s.session_id) for s in corrupt[:20])}{' …' if len(corrupt) > 20 else ''}; "
                       f"rules {', '.join(_code(r) for r in rules)}"]
+    for run in model.runs:
+        if run.loops.turns or run.control is not None:
+            lines += ["", f"Loop signals of **{md_escape(run.name)}**: {loop_line(run.loops)}."]
+            arms = run.control.arms if run.control is not None else []
+            lines += [f"- {md_escape(line.strip())}" for arm in arms for line in describe(arm)]
     lines += ["", "The HTML report has the plots and the offending text of every corrupt session."]
     return "\n".join(lines) + "\n"

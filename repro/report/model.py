@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal, Sequence
 
 from repro.cluster.node import describe as describe_node
 from repro.store.exercise import idle_reasons
+from repro.store.loops import ControlReport, LoopCounts, count_loops, read_control
 from repro.store.records import Exercise, FindingRecord, OutcomeCounts, ParserEffect, SessionRecord, StoppingRecord, TurnRecord
 from repro.report.raw import RawExcerpt, read_raw, response_fields
 from repro.stats import Inconclusive, Interval, assess_inconclusive, clopper_pearson, timeout_bounds, upper_bound
@@ -200,6 +201,10 @@ class RunView:
     """Where the load ran: the host, and the Ray node under the Ray executor (runs from before: None)."""
     workers: list[str] = field(default_factory=list)
     """With `--workers`: where each worker ran, and why it was lost if it was."""
+    loops: LoopCounts = field(default_factory=LoopCounts)
+    """Turns with a loop signal (repro.store.loops): their own finding class, apart from corrupt ones."""
+    control: ControlReport | None = None
+    """control.json: what the run's control arms say about its failing turns (None: no control arm)."""
 
 
 @dataclass(frozen=True)
@@ -455,6 +460,8 @@ def run_view(run: Run, *, confidence: float = 0.95) -> RunView:
             f"worker {place.index} on {describe_node(place.node)}" + (" (lost)" if place.lost else "")
             for place in run.manifest.workers
         ],
+        loops=count_loops(run.sessions),
+        control=read_control(run.path),
     )
 
 

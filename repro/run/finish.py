@@ -103,7 +103,7 @@ def finish(
     console.print(final_view(summary, run_dir))
     if report:
         with saving("report.html"):
-            _report(run_dir, console)
+            write_report(run_dir, console)
     if driven.lost:
         # Not a verdict on the target: the run's own machinery failed (exit 255), with what was kept.
         raise InternalError(f"run incomplete: {stop_reason}; their sessions in flight are recorded as errors, "
@@ -126,7 +126,7 @@ def _gate(run_dir: Path, summary: Summary, options: RunOptions, writer: RunWrite
     return summary, result.exit_code
 
 
-def _report(run_dir: Path, console: Console) -> None:
+def write_report(run_dir: Path, console: Console) -> None:
     """report.html beside the records; a report that cannot be rendered does not undo the run."""
     from repro.report import (
         render_report,  # matplotlib and jinja2: only when a report is asked for

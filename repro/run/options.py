@@ -170,6 +170,8 @@ class RunOptions(BaseModel):
             raise ValueError("must be a JSON object")
         if json_depth(value) > MAX_EXTRA_BODY_DEPTH:
             raise ValueError(f"nested deeper than {MAX_EXTRA_BODY_DEPTH} levels")
+        if "ignore_eos" in value:  # a forced run past the end of sentence would fake the model's own loops
+            raise ValueError("ignore_eos is never sent: a loop must be the model's own (docs/control.md)")
         try:
             json.dumps(value, allow_nan=False)  # as every request body is sent: standard JSON only
         except ValueError:

@@ -434,6 +434,11 @@ class Manifest(_Record):
     """Where the load ran (repro.cluster.node): hostname, and ray_node_id under the Ray executor."""
     workers: list[WorkerPlace] = Field(default_factory=list)
     """With `--workers`: where each worker ran (written once all are up, again at the end)."""
+    ignore_eos: bool = False
+    """Never true: repro never asks the server to ignore the end of sentence (`--extra-body` may not either),
+    so a turn that runs to max_tokens is the model's own doing (docs/control.md)."""
+    control: str | None = None
+    """Set on a control arm's own run directory: `concurrency-1` or `reference` (docs/control.md)."""
     started_at: str
     """ISO 8601, UTC."""
     ended_at: str | None = None
