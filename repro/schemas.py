@@ -154,6 +154,12 @@ def _dsml_input() -> dict[str, Any]:
     }
 
 
+def _control() -> dict[str, Any]:
+    from repro.store.loops import ControlReport
+
+    return _model(ControlReport)()
+
+
 SCHEMAS: dict[str, SchemaEntry] = {
     entry.name: entry
     for entry in (
@@ -165,6 +171,7 @@ SCHEMAS: dict[str, SchemaEntry] = {
         SchemaEntry("session", "one line of RUN_DIR/sessions.jsonl", _records("SessionRecord")),
         SchemaEntry("summary", "RUN_DIR/summary.json", _records("Summary")),
         SchemaEntry("metrics", "one row of RUN_DIR/metrics.csv", _metrics_row),
+        SchemaEntry("control", "RUN_DIR/control.json (`repro run --control`)", _control),
         SchemaEntry("matrix-result", "MATRIX_DIR/matrix.json", _matrix_result),
         SchemaEntry("progress", "one line of MATRIX_DIR/progress.jsonl", _progress),
         SchemaEntry("plan", "MATRIX_DIR/plan.json", _plan),
