@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any, Literal, Sequence
 
 from repro.cluster.node import describe as describe_node
 from repro.store.exercise import idle_reasons
-from repro.store.loops import ControlReport, LoopCounts, count_loops, read_control
-from repro.store.records import Exercise, FindingRecord, OutcomeCounts, ParserEffect, SessionRecord, StoppingRecord, TurnRecord
+from repro.store.loops import ControlReport, count_loops, read_control
+from repro.store.records import Exercise, FindingRecord, LoopCounts, OutcomeCounts, ParserEffect, SessionRecord, StoppingRecord, TurnRecord
 from repro.report.raw import RawExcerpt, read_raw, response_fields
 from repro.stats import Inconclusive, Interval, assess_inconclusive, clopper_pearson, timeout_bounds, upper_bound
 from repro.stats.verdict import MAX_TIMEOUT_FRACTION, MIN_COMPLETED

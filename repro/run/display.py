@@ -17,6 +17,7 @@ from rich.text import Text
 
 from repro.run.load import LoadProgress
 from repro.store.exercise import fact_lines
+from repro.store.loops import loop_line
 from repro.store.records import Percentiles, RateEstimate, Summary
 
 LIVE_REFRESH_PER_S = 4
@@ -117,6 +118,8 @@ def final_view(summary: Summary, run_dir: Path) -> Group:
     if summary.observe is not None:
         source = f" ({summary.raw_source})" if summary.raw_source else ""
         rates.add_row("judged", escape(_JUDGED.get(summary.observe, summary.observe) + source))
+    if summary.loops is not None and summary.loops.turns:
+        rates.add_row("loop signals", escape(loop_line(summary.loops)))
     if summary.parser_effect is not None:
         rates.add_row("hidden by the parser", escape(summary.parser_effect.describe()))
     if summary.stopping is not None:

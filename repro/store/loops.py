@@ -23,7 +23,7 @@ from typing import Literal, Sequence
 
 from pydantic import Field, ValidationError
 
-from repro.store.records import SessionRecord, TurnRecord, _Record
+from repro.store.records import LoopCounts, SessionRecord, TurnRecord, _Record
 from repro.store.rundir import DamagedRun, read_regular
 
 CONTROL_JSON = "control.json"
@@ -60,13 +60,6 @@ def inflated(turn: TurnRecord, control: TurnRecord | None) -> bool:
 
 def turns_by_key(sessions: Sequence[SessionRecord]) -> dict[TurnKey, TurnRecord]:
     return {(s.session_id, t.index): t for s in sessions for t in s.turns}
-
-
-class LoopCounts(_Record):
-    """Turns showing each loop signal, and turns showing any."""
-
-    turns: int = 0
-    by_signal: dict[str, int] = Field(default_factory=dict)
 
 
 def count_loops(sessions: Sequence[SessionRecord], control: dict[TurnKey, TurnRecord] | None = None) -> LoopCounts:

@@ -366,6 +366,13 @@ class Exercise(_Record):
         return [f for f in self.features if f.status == "not exercised"]
 
 
+class LoopCounts(_Record):
+    """Turns showing each loop signal (repro.store.loops), and turns showing any: not counted as corrupt."""
+
+    turns: int = 0
+    by_signal: dict[str, int] = Field(default_factory=dict)
+
+
 class Summary(_Record):
     """summary.json: the run's counts and rates, written at the end (also after Ctrl-C)."""
 
@@ -384,6 +391,9 @@ class Summary(_Record):
     inconclusive_reasons: list[str] = Field(default_factory=list)
     turns: int = 0
     turn_counts: dict[str, int] = Field(default_factory=dict)
+    loops: LoopCounts | None = None
+    """Turns with a loop signal (max_tokens without a tool call, a repeated span): their own class, never
+    counted as corrupt (docs/control.md). None in runs from before it was recorded."""
     """Turns per verdict (clean, corrupt, suspect) and per non-ok status."""
     latency: dict[str, Percentiles] = Field(default_factory=dict)
     """Keys: ttft_s, e2e_s, queue_s, max_gap_s, session_s."""

@@ -12,6 +12,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from repro.store.exercise import idle_reasons
+from repro.store.loops import count_loops
 from repro.store.records import Exercise, OutcomeCounts, ParserEffect, Percentiles, RateEstimate, SessionRecord, Summary
 from repro.stats import Interval, assess_inconclusive, clopper_pearson, timeout_bounds
 from repro.stats.verdict import MIN_COMPLETED
@@ -83,6 +84,7 @@ def summarize(
         inconclusive_reasons=reasons,
         turns=len(turns),
         turn_counts=dict(turn_counts),
+        loops=count_loops(sessions),
         latency={
             "ttft_s": percentiles(turn.ttft_s for turn in turns),
             "e2e_s": percentiles(turn.e2e_s for turn in turns),
