@@ -84,6 +84,11 @@ def control_options(options: RunOptions, run_dir: Path, arm: ControlArm) -> RunO
 def run_with_controls(options: RunOptions, arms: list[ControlArm], *, report: bool) -> RunResult:
     """`repro run [--control …]`: the run under test, then its control arms, then report.html with both.
     The exit code is the run under test's; an interrupted run gets no control arm."""
+    if arms and options.pressure is not None:
+        # --pressure sizes each session's document for the sessions at once and the target's pool: a control
+        # arm would get other prompts than the run under test, and pairing its turns would mean nothing.
+        raise UsageError("--control with --pressure: each arm would size its own prompts; put the document size "
+                         "--pressure chose (its 'pressure:' line) in the workload's context_tokens instead")
     for arm in arms:  # a bad --control fails before the run, not after it
         control_options(options, Path("control-check"), arm)
     console = Console()
