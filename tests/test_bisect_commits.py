@@ -131,6 +131,8 @@ def test_find_fix_names_the_commit_that_adds_the_gate(tmp_path: Path) -> None:
     assert all(p["corrupt"] == 0 for p in state["probes"] if int(p["target"].split()[0]) >= 3)
     md = (out / "report.md").read_text()
     assert "Searched: the first good commit after a bad range (--find-fix)." in md and "P(fixes it)" in md
+    html = (out / "report.html").read_text()
+    assert "data:image/png;base64," in html and "the fixing one (the first good one)" in html
     # The ends the other way round are a usage error that names the options as given.
     wrong = subprocess.run([*REPRO, "bisect", "commits", "--repo", str(tmp_path / "repo"), "--find-fix",
                             "--bad", "main", "--good", shas[0], "--deploy", DEPLOY, "--out", str(tmp_path / "w")],

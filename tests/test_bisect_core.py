@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from repro.bisect.commits import Ended, decide, decide_many
 from repro.bisect.ddmin import ddmin
+from repro.bisect.direction import Searched
 from repro.bisect.journal import PROBES, Journal, ProbeRecord
 from repro.bisect.posterior import (
     Model,
@@ -293,3 +294,22 @@ def test_a_bad_end_that_cannot_be_probed_ends_the_search() -> None:
     records = [ProbeRecord(number=1, target="", index=15, verdict="inconclusive", message="start failed")]
     step = decide(16, records, Model(), settings, confidence=0.95, max_probes=30, max_sessions=1000)
     assert isinstance(step, Ended) and step.stop is None
+
+
+@pytest.mark.parametrize("fix", [1, 4, 11])
+def test_find_fix_searches_newest_first_and_names_the_first_good_commit(fix: int) -> None:
+    # 12 commits, history order: those before `fix` corrupt 3 of 16 sessions, the fix and later ones none.
+    searched = Searched("fix", 12)
+    assert [searched.history(i) for i in (0, 11)] == [11, 0]  # the newest (good) end first, the old bad end last
+    settings = ProbeSettings(load={}, round_sessions=16, max_rounds=1)
+    records: list[ProbeRecord] = []
+    while not isinstance(step := decide(12, records, Model(), settings, confidence=0.95, max_probes=40,
+                                        max_sessions=2000, searched=searched), Ended):
+        corrupt = 3 if searched.history(step.index) < fix else 0
+        records.append(ProbeRecord(number=len(records) + 1, target=str(step.index), index=step.index,
+                                   verdict="bad" if corrupt else "good", corrupt=corrupt, clean=16 - corrupt))
+    assert records[0].index == 11  # the old end is probed first: it must corrupt
+    assert step.stop is not None and step.stop.reason == "found" and step.stop.commit is not None
+    assert searched.named(step.stop.commit) == fix
+    # The plot's posterior, in history order, puts the mass on the fix.
+    assert int(np.argmax(searched.in_history(step.posterior.culprit))) == fix
