@@ -391,10 +391,10 @@ class Summary(_Record):
     inconclusive_reasons: list[str] = Field(default_factory=list)
     turns: int = 0
     turn_counts: dict[str, int] = Field(default_factory=dict)
+    """Turns per verdict (clean, corrupt, suspect) and per non-ok status."""
     loops: LoopCounts | None = None
     """Turns with a loop signal (max_tokens without a tool call, a repeated span): their own class, never
     counted as corrupt (docs/control.md). None in runs from before it was recorded."""
-    """Turns per verdict (clean, corrupt, suspect) and per non-ok status."""
     latency: dict[str, Percentiles] = Field(default_factory=dict)
     """Keys: ttft_s, e2e_s, queue_s, max_gap_s, session_s."""
     loop_lag: Percentiles | None = None
