@@ -165,10 +165,35 @@ def _quoted_regions(text: str) -> list[tuple[int, int]]:
     return (_fenced_blocks(text) if tilde else []) + [(a - 1, b) for a, b in zip(ticks[0::2], ticks[1::2])]
 
 
+_QUICK_QUOTED = 4  # each costs a scan of the text up to the match: a few, then every region at once
+
+
+def _single_ticks_quote(text: str, start: int, end: int) -> bool | None:
+    """Whether [start, end) is quoted, as `_quoted_regions` has it, when the text quotes with single backticks
+    only (no fence, no run of two); None otherwise. Counts the backticks up to `start` instead of pairing them all.
+    """
+    if "`" not in text:
+        return None if "~~~" in text else False
+    if "``" in text or "~~~" in text:
+        return None
+    # Backticks pair up in order: the k-th one up to `start` opens a span when k is odd, closes one when even.
+    k = text.count("`", 0, start + 1)
+    if not k:
+        return False
+    last = text.rfind("`", 0, start + 1)
+    if k % 2 == 0:
+        return last + 1 >= end
+    close = text.find("`", start + 1)
+    if close >= 0:
+        return close + 1 >= end
+    # The last backtick is unpaired: the span before it, if any, is the last one that opens by `start`.
+    return k >= 3 and text.rfind("`", 0, last) + 1 >= end
+
+
 class _Collector:
     """Gathers one finding per rule and field, routing matches inside code spans to a single quoted-dsml."""
 
-    __slots__ = ("text", "field", "findings", "seen", "_starts", "_reach")
+    __slots__ = ("text", "field", "findings", "seen", "_starts", "_reach", "_asked")
 
     def __init__(self, text: str, field: str) -> None:
         self.text = text
@@ -177,9 +202,15 @@ class _Collector:
         self.seen: set[str] = set()
         self._starts: list[int] | None = None
         self._reach: list[int] = []
+        self._asked = 0
 
     def quoted(self, start: int, end: int) -> bool:
         if self._starts is None:
+            self._asked += 1
+            if self._asked <= _QUICK_QUOTED:
+                quick = _single_ticks_quote(self.text, start, end)
+                if quick is not None:
+                    return quick
             regions = sorted(_quoted_regions(self.text))
             self._starts = [lo for lo, _ in regions]
             # Reach of the regions opened so far: [start, end) is quoted iff some region opened at or before
@@ -370,6 +401,14 @@ def _duplicated(text: str, *, anywhere: bool) -> tuple[int, int] | None:
     return None
 
 
+def _angles_may_fire(text: str) -> bool:
+    """Whether `_scan_angles` can find anything: the text ends in an open tag, or a "<" starts one of its patterns."""
+    tail_at = text.rfind("<")
+    if text.find(">", tail_at) < 0 and _TRUNCATED_RE.fullmatch(text, tail_at):
+        return True
+    return _LT_RE.search(text) is not None
+
+
 def _scan_angles(text: str, out: _Collector, *, reasoning: bool, tools_offered: bool) -> None:
     """Rules anchored on "<": truncated tags, XML tool tags, special and control tokens, think tags."""
     tail_at = text.rfind("<")
@@ -419,18 +458,22 @@ def scan_text(
     """
     if not text:
         return [], False
-    out = _Collector(text, field)
     # ASCII-lowered bytes: bytes.lower() is several times faster than str.lower().
     lowered = encoded.lower()
     dsml_count = lowered.count(b"dsml")
+    angles = "<" in text and _angles_may_fire(text)
+    dollars = "$" in text and _PLACEHOLDER_RE.search(text) is not None
+    # A field without markup, tokens or placeholders (most of them) can only be a re-sent answer: one search
+    # rules that out without gathering anything.
+    if not (dsml_count or angles or dollars) and (len(text) < 2 * _DUP_MIN or text.find(text[:_DUP_MIN], _DUP_MIN) < 0):
+        return [], False
+    out = _Collector(text, field)
     if dsml_count:
         _scan_dsml(text, lowered, dsml_count, out)
-    if "<" in text:
+    if angles:
         _scan_angles(text, out, reasoning=reasoning, tools_offered=tools_offered)
-    if "$" in text:
-        placeholders = [m.span() for m in _PLACEHOLDER_RE.finditer(text)]
-        if placeholders:
-            _add_controls(placeholders, out)
+    if dollars:
+        _add_controls([m.span() for m in _PLACEHOLDER_RE.finditer(text)], out)
     markup = not MARKUP_RULES.isdisjoint(out.seen)
     if len(text) >= 2 * _DUP_MIN:
         span = _duplicated(text, anywhere=markup)
@@ -447,8 +490,8 @@ def _unescaped(text: str) -> str:
         return text
 
 
-def _markup_in_arguments(text: str) -> re.Match[str] | None:
-    if b"dsml" in text.encode("utf-8", "surrogatepass").lower():
+def _markup_in_arguments(text: str, utf8: bytes) -> re.Match[str] | None:
+    if b"dsml" in utf8.lower():
         m = SENTINEL_ANY_RE.search(text)
         if m is not None:
             return m
@@ -459,12 +502,14 @@ def _markup_in_arguments(text: str) -> re.Match[str] | None:
     return None
 
 
-def scan_arguments(text: str, field: str) -> list[Finding]:
-    """Rules for a raw `arguments` string: DSML or special-token markup inside it, even \\u-escaped."""
+def scan_arguments(text: str, utf8: bytes, field: str) -> list[Finding]:
+    """Rules for a raw `arguments` string (`utf8`: the same as UTF-8): DSML or special-token markup inside it,
+    even \\u-escaped."""
     if "|" in text or "｜" in text or "‖" in text or "\\u" in text:
-        m = _markup_in_arguments(text)
+        m = _markup_in_arguments(text, utf8)
         if m is None and "\\u" in text:
-            m = _markup_in_arguments(_unescaped(text))
+            unescaped = _unescaped(text)
+            m = _markup_in_arguments(unescaped, unescaped.encode("utf-8", "surrogatepass"))
         if m is not None:
             return [make_finding("args-dsml", field, text, m.start(), m.end())]
     return []
