@@ -1,21 +1,47 @@
-"""Verdicts per second of dsml_checker.check on realistic ~2 KB turns, clean, corrupt and mixed, on one core.
+"""Verdicts per second of dsml_checker.check on realistic ~2 KB turns, clean, corrupt and mixed, on one core,
+and the speed against the wave-1 checker, measured side by side in this one process.
 
-Run: `python benchmarks/bench_checker.py [--seconds S]`. The target is 20,000 verdicts/s for the mix, so the
-checker never limits a load run. Wall-clock rates depend on what else the machine runs; the CPU-second rate
-(verdicts per second of this process's CPU time) is the one-core figure, and the cost of one verdict in units
-of a fixed pure-Python loop (the yardstick) lets numbers from a busy machine be compared with an idle one.
+Run: `python benchmarks/bench_checker.py [--seconds S] [--repeats R] [--against REV]`. The target is 20,000
+verdicts/s for the mix, so the checker never limits a load run. Wall-clock rates depend on what else the
+machine runs; the CPU-second rate (verdicts per second of this process's CPU time) is the one-core figure, and
+the cost of one verdict in units of a fixed pure-Python loop (the yardstick) lets numbers from a busy machine be
+compared with an idle one.
+
+The comparison takes the checker of git revision REV (`git archive` into a temporary directory, imported as
+the package `dsml_checker_then`), and times both checkers on the same turns, alternating which goes first,
+`--repeats` times; each repeat gives one ratio (CPU time of a verdict then / now, so above 1 means faster now),
+and the median is the figure. The default REV, 60a210d, is the wave-1 checker: the last commit of the
+checker's first complete wave (every rule of docs/checker-rules.md's text, tool-call, consistency and soft
+groups, and the near-linear scans), before raw-text judging, the server-parser emulations and the turn rules
+(duplicate-call, reasoning-replayed, resent-prefix, ...) were added. 7b100e4, the first commit with the soft
+rules, is no fairer a yardstick: it lacks a dozen later speed-ups of that same wave and is quadratic on
+adversarial input.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import io
 import json
 import os
 import random
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
 import time
-from typing import Any
+from pathlib import Path
+from typing import Any, Callable
 
 from dsml_checker import ToolCall, check, render_calls
+
+WAVE_1 = "60a210d"
+REPO = Path(__file__).resolve().parent.parent
+Judge = Callable[..., Any]
 
 WORDS = (
     "the cache layer request token server latency weather forecast Paris Rome index prefix batch decode "
@@ -136,10 +162,74 @@ def measure(turns: list[tuple[dict[str, Any], str]], seconds: float) -> tuple[fl
     return done / wall, done / check_cpu, (check_cpu / done) / (yard_cpu / yardsticks)
 
 
+def checker_at(rev: str) -> Judge:
+    """`check` of the dsml_checker at git revision `rev`, imported as `dsml_checker_then` from a temporary copy.
+
+    The copy's own imports are renamed, so both checkers live in this process without sharing a module.
+    """
+    try:
+        tar = subprocess.run(["git", "archive", rev, "dsml_checker"], cwd=REPO, capture_output=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError) as e:
+        sys.exit(f"bench_checker: cannot take dsml_checker at {rev!r} from git: {getattr(e, 'stderr', b'').decode().strip() or e}")
+    root = Path(tempfile.mkdtemp(prefix="bench-checker-"))
+    tarfile.open(fileobj=io.BytesIO(tar)).extractall(root)
+    package = root / "dsml_checker_then"
+    (root / "dsml_checker").rename(package)
+    for source in package.rglob("*.py"):
+        source.write_text(re.sub(r"\bdsml_checker\b", "dsml_checker_then", source.read_text("utf-8")), "utf-8")
+    sys.path.insert(0, str(root))
+    try:
+        return importlib.import_module("dsml_checker_then").check
+    finally:
+        sys.path.remove(str(root))
+        shutil.rmtree(root)  # every module `check` uses is loaded by now
+
+
+def _cpu_per_verdict(judge: Judge, turns: list[tuple[dict[str, Any], str]], seconds: float) -> float:
+    done, spent = 0, 0.0
+    while spent < seconds:
+        start = time.process_time()
+        for message, finish in turns:
+            judge(message, finish_reason=finish, tools=TOOLS)
+        spent += time.process_time() - start
+        done += len(turns)
+    return spent / done
+
+
+def compare(
+    now: Judge, then: Judge, turns: list[tuple[dict[str, Any], str]], repeats: int, seconds: float
+) -> list[tuple[float, float]]:
+    """CPU seconds per verdict (now, then), one pair per repeat; the two alternate which runs first."""
+    pairs = []
+    for i in range(repeats):
+        if i % 2:
+            then_cost = _cpu_per_verdict(then, turns, seconds)
+            now_cost = _cpu_per_verdict(now, turns, seconds)
+        else:
+            now_cost = _cpu_per_verdict(now, turns, seconds)
+            then_cost = _cpu_per_verdict(then, turns, seconds)
+        pairs.append((now_cost, then_cost))
+    return pairs
+
+
+def kinds(clean: list[tuple[dict[str, Any], str]], corrupt: list[tuple[dict[str, Any], str]]) -> dict[str, list[tuple[dict[str, Any], str]]]:
+    """The turns the comparison reports on: clean tool-call turns, clean prose turns, and turns whose DSML leaked
+    (into the content, garbled, into the reasoning, into a call's arguments)."""
+    return {
+        "clean tool-call": [t for t in clean if "tool_calls" in t[0]],
+        "clean prose": [t for t in clean if "tool_calls" not in t[0]],
+        "DSML leak": [t for i, t in enumerate(corrupt) if i % 5 != 3],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=2.0, help="time per measurement")
+    parser.add_argument("--repeats", type=int, default=7, help="side-by-side repeats per kind of turn (median reported)")
+    parser.add_argument("--against", default=WAVE_1, help="git revision of the checker to compare with (default: wave 1)")
+    parser.add_argument("--no-compare", action="store_true", help="skip the side-by-side comparison")
     opts = parser.parse_args()
+    then = None if opts.no_compare else checker_at(opts.against)
     rng = random.Random(7)
     clean = clean_turns(rng, 200)
     corrupt = corrupt_turns(rng, 200)
@@ -163,6 +253,18 @@ def main() -> None:
     for name, turns in (("clean", clean), ("corrupt", corrupt), ("mix 85/15", realistic), ("mix 50/50", even)):
         wall, cpu, cost = measure(turns, opts.seconds)
         print(f"{name:14s} {wall:16,.0f} {cpu:16,.0f} {cost:19.3f}")
+    if then is None:
+        return
+    print(f"\nagainst the checker at {opts.against} (CPU per verdict then / now; above 1 is faster now), "
+          f"{opts.repeats} alternating repeats of {opts.seconds / 4:.2f} s each side")
+    print(f"{'turns':16s} {'median':>7s} {'min':>6s} {'max':>6s}  {'µs now':>7s} {'µs then':>7s}  repeats")
+    for name, turns in kinds(clean, corrupt).items():
+        pairs = compare(check, then, turns, opts.repeats, opts.seconds / 4)
+        ratios = [then_cost / now_cost for now_cost, then_cost in pairs]
+        now_us = statistics.median(now_cost for now_cost, _ in pairs) * 1e6
+        then_us = statistics.median(then_cost for _, then_cost in pairs) * 1e6
+        listed = " ".join(f"{r:.2f}" for r in ratios)
+        print(f"{name:16s} {statistics.median(ratios):6.2f}× {min(ratios):5.2f}× {max(ratios):5.2f}×  {now_us:7.1f} {then_us:7.1f}  {listed}")
 
 if __name__ == "__main__":
     main()

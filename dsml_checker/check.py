@@ -74,18 +74,21 @@ def _bad_name(name: Any) -> bool:
 
 def _parse_object(args: str) -> dict[str, Any] | None:
     try:
+        parsed = json.loads(args)
+    except ValueError:
         # An empty string is how several servers send a zero-argument call.
-        parsed = json.loads(args) if args.strip() else {}
-    except (ValueError, RecursionError):  # RecursionError: arrays or objects nested about a thousand deep
+        return None if args.strip() else {}
+    except RecursionError:  # arrays or objects nested about a thousand deep
         return None
     return parsed if isinstance(parsed, dict) else None
 
 
-def _check_arguments(args: Any, field: str, schema: Any, has_schema: bool) -> list[Finding]:
+def _check_arguments(args: Any, utf8: bytes | None, field: str, schema: Any, has_schema: bool) -> list[Finding]:
+    """`utf8` is `args` as UTF-8 when it is a string."""
     if isinstance(args, dict):
         text, parsed, found = json.dumps(args, ensure_ascii=False, default=str), args, []
-    elif isinstance(args, str):
-        text, found = args, scan_arguments(args, field)
+    elif utf8 is not None:
+        text, found = args, scan_arguments(args, utf8, field)
         parsed = _parse_object(args)
         if parsed is None:
             return [*found, _whole("args-not-object", field, text)]
@@ -105,10 +108,11 @@ def _check_schema(parsed: dict[str, Any], text: str, field: str, schema: Any) ->
     return [] if error is None else [_whole("args-schema", field, text, excerpt=error)]
 
 
-def _check_calls(calls: Any, schemas: dict[str, Any] | None, texts: list[tuple[str, str]]) -> tuple[list[Finding], list[str]]:
-    """Findings over structured tool_calls, and the names of the well-shaped calls; appends argument texts."""
-    if calls is None:
-        return [], []
+def _check_calls(
+    calls: Any, schemas: dict[str, Any] | None, texts: list[tuple[str, str]], encoded: list[bytes]
+) -> tuple[list[Finding], list[str]]:
+    """Findings over structured tool_calls, and the names of the well-shaped calls; appends each argument text
+    to `texts` and its UTF-8 to `encoded`."""
     if not isinstance(calls, list):
         return [_whole("tool-call-shape", "tool_calls", repr(calls)[:80])], []
     findings: list[Finding] = []
@@ -128,9 +132,12 @@ def _check_calls(calls: Any, schemas: dict[str, Any] | None, texts: list[tuple[s
             names.append(name)
         known = schemas is not None and isinstance(name, str) and name in schemas
         args, args_field = fn.get("arguments"), f"tool_calls[{i}].function.arguments"
-        findings += _check_arguments(args, args_field, schemas.get(name) if known else None, known)
+        utf8 = None
         if isinstance(args, str):
+            utf8 = args.encode("utf-8", "surrogatepass")
             texts.append((args_field, args))
+            encoded.append(utf8)
+        findings += _check_arguments(args, utf8, args_field, schemas.get(name) if known else None, known)
     return findings, names
 
 
@@ -166,7 +173,6 @@ def _check_consistency(
     return findings
 
 
-@depth_guarded
 def check(
     message: Any, *, finish_reason: str | None = None, tools: Any = None, tool_choice: Any = None, raw: str | None = None
 ) -> Verdict:
@@ -177,31 +183,48 @@ def check(
     with the invokes it shows (`call-lost`, `param-lost`); judging the raw text itself is `check_raw`'s job.
     Any input shape is accepted: malformed messages become findings, never exceptions.
     """
+    # depth_guarded's work, written out: the hot path spares a call through *args and **kwargs.
+    try:
+        return _judge(message, finish_reason, tools, tool_choice, raw)
+    except RecursionError:
+        return _TOO_DEEP
+
+
+def _judge(message: Any, finish_reason: Any, tools: Any, tool_choice: Any, raw: Any) -> Verdict:
     if not isinstance(message, dict):
         return Verdict.of((_whole("message-shape", "message", repr(message)[:80]),))
     schemas = _tool_schemas(tools)
-    findings: list[Finding] = []
-    markup = False
+    offered = schemas is not None
+    content = message.get("content")
+    if not isinstance(content, str):
+        content = _text(content)
     reasoning = message.get("reasoning_content")
     if reasoning is None:
         reasoning = message.get("reasoning")
-    texts: list[tuple[str, str]] = []
-    encoded: list[bytes] = []
-    for field, value in (("content", message.get("content")), ("reasoning_content", reasoning)):
-        text = value if isinstance(value, str) else _text(value)
-        utf8 = text.encode("utf-8", "surrogatepass")
-        found, has_markup = scan_text(text, utf8, field, reasoning=field != "content", tools_offered=schemas is not None)
+    if not isinstance(reasoning, str):
+        reasoning = _text(reasoning)
+    content_utf8 = content.encode("utf-8", "surrogatepass")
+    reasoning_utf8 = reasoning.encode("utf-8", "surrogatepass")
+    findings, markup = scan_text(content, content_utf8, "content", reasoning=False, tools_offered=offered)
+    found, reasoning_markup = scan_text(reasoning, reasoning_utf8, "reasoning_content", reasoning=True, tools_offered=offered)
+    if found:
         findings += found
-        markup = markup or has_markup
-        texts.append((field, text))
-        encoded.append(utf8)
+    markup = markup or reasoning_markup
+    texts: list[tuple[str, str]] = [("content", content), ("reasoning_content", reasoning)]
+    encoded: list[bytes] = [content_utf8, reasoning_utf8]
     calls = message.get("tool_calls")
-    call_findings, names = _check_calls(calls, schemas, texts)
-    findings += call_findings
-    for _, text in texts[len(encoded) :]:  # the argument texts
-        encoded.append(text.encode("utf-8", "surrogatepass"))
-    findings += scan_soft(texts, encoded)
-    findings += scan_turn(texts[0][1], texts[1][1], calls, schemas, finish_reason, raw)
+    if calls is None:
+        names: list[str] = []
+    else:
+        found, names = _check_calls(calls, schemas, texts, encoded)
+        if found:
+            findings += found
+    found = scan_soft(texts, encoded)
+    if found:
+        findings += found
+    found = scan_turn(content, reasoning, calls, schemas, finish_reason, raw)
+    if found:
+        findings += found
     n_calls = len(calls) if isinstance(calls, list) else 0
     calls_missing = not n_calls and isinstance(finish_reason, str) and finish_reason == "tool_calls"
     if markup or calls_missing or not (tool_choice is None or tool_choice == "auto"):

@@ -85,10 +85,26 @@ def _type_check(expected: Any) -> Check | None:
     return check
 
 
+# The keywords compile_schema reads besides "type": a schema with none of them checks the type alone.
+_CHECKED = frozenset(
+    {"enum", "const", "properties", "required", "additionalProperties", "items", "minItems", "maxItems",
+     "minLength", "maxLength", "allOf", "anyOf", "oneOf", *(key for key, _, _ in _BOUNDS)}
+)
+
+
+def _plain_type(schema: Any) -> type | None:
+    """The one Python type a schema accepts when it checks nothing but a plain type ("string", "object", …)."""
+    if isinstance(schema, dict) and isinstance(schema.get("type"), str) and schema.keys().isdisjoint(_CHECKED):
+        return _PLAIN_TYPES.get(schema["type"])
+    return None
+
+
 def _object_check(schema: dict[str, Any]) -> Check | None:
     required = [k for k in schema.get("required") or () if isinstance(k, str)]
     props_raw = schema.get("properties")
     props = {k: compile_schema(v) for k, v in props_raw.items()} if isinstance(props_raw, dict) else {}
+    # Properties of a plain type (most of a tool's) pass by one isinstance in the loop below, not a call each.
+    plain = {k: t for k, v in props_raw.items() if (t := _plain_type(v)) is not None} if props else {}
     extra_raw = schema.get("additionalProperties", True)
     extra = None if extra_raw is True or extra_raw is False else compile_schema(extra_raw)
     closed = extra_raw is False
@@ -102,6 +118,9 @@ def _object_check(schema: dict[str, Any]) -> Check | None:
             if key not in value:
                 return f": missing required property {key!r}"
         for key, item in value.items():
+            expected = plain.get(key)
+            if expected is not None and isinstance(item, expected):
+                continue
             sub = props.get(key)
             if sub is None:
                 if closed:

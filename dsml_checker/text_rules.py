@@ -21,6 +21,7 @@ _BAR = r"(?:｜｜|\|\||[｜|‖])"
 _DSML = "[dD][sS][mM][lL]"
 _SENT = rf"{_BAR}[ \t]*{_DSML}[ \t]*{_BAR}"
 _DSML_WORDS = (b"dsml", "dſml".encode())  # what _DSML matches under re.I, ASCII-lowered
+_DOUBLED_BAR = "｜｜".encode()
 
 SENTINEL_ANY_RE = re.compile(_SENT)
 # Blanks, an optional closing slash, blanks: written possessive, because `[ \t]*/?[ \t]*` can split a run of k
@@ -165,10 +166,37 @@ def _quoted_regions(text: str) -> list[tuple[int, int]]:
     return (_fenced_blocks(text) if tilde else []) + [(a - 1, b) for a, b in zip(ticks[0::2], ticks[1::2])]
 
 
+_QUICK_QUOTED = 4  # each costs a pass over the backticks: a few, then every region at once
+_QUICK_TICKS = 16
+
+
+def _single_ticks_quote(text: str, start: int, end: int) -> bool | None:
+    """Whether [start, end) is quoted, as `_quoted_regions` has it, when the text quotes with a few single
+    backticks only (no fence, no run of two); None otherwise. Finds the backticks one by one (a search for one
+    character is several times faster than one for "``" or "~~~", which most prose makes slow).
+    """
+    if "~" in text and "~~~" in text:
+        return None
+    ticks: list[int] = []
+    at = text.find("`")
+    while at >= 0:
+        if len(ticks) == _QUICK_TICKS or (ticks and ticks[-1] == at - 1):
+            return None
+        ticks.append(at)
+        at = text.find("`", at + 1)
+    # Backticks pair up in order, each pair quoting from the first to just after the second.
+    for i in range(1, len(ticks), 2):
+        if ticks[i - 1] > start:
+            break
+        if ticks[i] + 1 >= end:
+            return True
+    return False
+
+
 class _Collector:
     """Gathers one finding per rule and field, routing matches inside code spans to a single quoted-dsml."""
 
-    __slots__ = ("text", "field", "findings", "seen", "_starts", "_reach")
+    __slots__ = ("text", "field", "findings", "seen", "_starts", "_reach", "_asked")
 
     def __init__(self, text: str, field: str) -> None:
         self.text = text
@@ -177,9 +205,15 @@ class _Collector:
         self.seen: set[str] = set()
         self._starts: list[int] | None = None
         self._reach: list[int] = []
+        self._asked = 0
 
     def quoted(self, start: int, end: int) -> bool:
         if self._starts is None:
+            self._asked += 1
+            if self._asked <= _QUICK_QUOTED:
+                quick = _single_ticks_quote(self.text, start, end)
+                if quick is not None:
+                    return quick
             regions = sorted(_quoted_regions(self.text))
             self._starts = [lo for lo, _ in regions]
             # Reach of the regions opened so far: [start, end) is quoted iff some region opened at or before
@@ -260,7 +294,8 @@ def _scan_dsml(text: str, lowered: bytes, dsml_count: int, out: _Collector) -> N
         at = text.find(SENTINEL, at + 1)
     # A variant needs a "dsml" outside every canonical sentinel, or doubled bars around one; checking that
     # first spares ordinary leaks the slow scan.
-    if dsml_count > text.count(SENTINEL) or "｜｜" in text:
+    # (Doubled bars looked for in the bytes: a search for a string of two characters is slow in most text.)
+    if dsml_count > text.count(SENTINEL) or _DOUBLED_BAR in lowered:
         words = _dsml_words(text, lowered)
         for m in _variants(text, words):
             if not m.group(0).startswith(SENTINEL) and out.add("sentinel-variant", m.start(), m.end()):
@@ -268,17 +303,23 @@ def _scan_dsml(text: str, lowered: bytes, dsml_count: int, out: _Collector) -> N
         for m in _lost_bars(text, words):
             if out.add("sentinel-variant", m.start(), m.end()):
                 break
-    _scan_tags(text, out)
+    # Every tag spells "dsml" after its "<" with no other "<" between: none starts before the last "<" ahead of
+    # the first spelling, so the scan starts there instead of stepping through the prose before it.
+    first = lowered.find(b"dsml")
+    if len(lowered) != len(text):
+        first = len(lowered[:first].decode("utf-8", "surrogatepass"))
+    _scan_tags(text, out, max(0, text.rfind("<", 0, first)))
 
 
-def _scan_tags(text: str, out: _Collector) -> None:
-    """One pass over DSML tags: wrappers, bare invokes and orphan closers (hard); then attribute damage."""
+def _scan_tags(text: str, out: _Collector, start: int) -> None:
+    """One pass over DSML tags from `start` (no tag opens before it): wrappers, bare invokes and orphan closers
+    (hard); then attribute damage."""
     depth = [0, 0, 0]  # open wrappers, invokes, parameters
     wrapper_seen = False
     damaged: list[tuple[int, int]] = []
     named: list[tuple[int, int, bool, str]] = []
     prose: list[tuple[int, int]] = []
-    for m in _TAG_SCAN_RE.finditer(text):
+    for m in _TAG_SCAN_RE.finditer(text, start):
         closing, invoke, param, prose_after, bad_invoke, bad_param, up_to_name, name = m.groups()
         kind = 1 if invoke else 2 if param else 0
         if not kind and "wrapper-tag" not in out.seen:
@@ -370,6 +411,14 @@ def _duplicated(text: str, *, anywhere: bool) -> tuple[int, int] | None:
     return None
 
 
+def _angles_may_fire(text: str) -> bool:
+    """Whether `_scan_angles` can find anything: the text ends in an open tag, or a "<" starts one of its patterns."""
+    tail_at = text.rfind("<")
+    if text.find(">", tail_at) < 0 and _TRUNCATED_RE.fullmatch(text, tail_at):
+        return True
+    return _LT_RE.search(text) is not None
+
+
 def _scan_angles(text: str, out: _Collector, *, reasoning: bool, tools_offered: bool) -> None:
     """Rules anchored on "<": truncated tags, XML tool tags, special and control tokens, think tags."""
     tail_at = text.rfind("<")
@@ -419,18 +468,22 @@ def scan_text(
     """
     if not text:
         return [], False
-    out = _Collector(text, field)
     # ASCII-lowered bytes: bytes.lower() is several times faster than str.lower().
     lowered = encoded.lower()
     dsml_count = lowered.count(b"dsml")
+    angles = "<" in text and _angles_may_fire(text)
+    dollars = "$" in text and _PLACEHOLDER_RE.search(text) is not None
+    # A field without markup, tokens or placeholders (most of them) can only be a re-sent answer: one search
+    # rules that out without gathering anything.
+    if not (dsml_count or angles or dollars) and (len(text) < 2 * _DUP_MIN or text.find(text[:_DUP_MIN], _DUP_MIN) < 0):
+        return [], False
+    out = _Collector(text, field)
     if dsml_count:
         _scan_dsml(text, lowered, dsml_count, out)
-    if "<" in text:
+    if angles:
         _scan_angles(text, out, reasoning=reasoning, tools_offered=tools_offered)
-    if "$" in text:
-        placeholders = [m.span() for m in _PLACEHOLDER_RE.finditer(text)]
-        if placeholders:
-            _add_controls(placeholders, out)
+    if dollars:
+        _add_controls([m.span() for m in _PLACEHOLDER_RE.finditer(text)], out)
     markup = not MARKUP_RULES.isdisjoint(out.seen)
     if len(text) >= 2 * _DUP_MIN:
         span = _duplicated(text, anywhere=markup)
@@ -447,8 +500,8 @@ def _unescaped(text: str) -> str:
         return text
 
 
-def _markup_in_arguments(text: str) -> re.Match[str] | None:
-    if b"dsml" in text.encode("utf-8", "surrogatepass").lower():
+def _markup_in_arguments(text: str, utf8: bytes) -> re.Match[str] | None:
+    if b"dsml" in utf8.lower():
         m = SENTINEL_ANY_RE.search(text)
         if m is not None:
             return m
@@ -459,12 +512,14 @@ def _markup_in_arguments(text: str) -> re.Match[str] | None:
     return None
 
 
-def scan_arguments(text: str, field: str) -> list[Finding]:
-    """Rules for a raw `arguments` string: DSML or special-token markup inside it, even \\u-escaped."""
+def scan_arguments(text: str, utf8: bytes, field: str) -> list[Finding]:
+    """Rules for a raw `arguments` string (`utf8`: the same as UTF-8): DSML or special-token markup inside it,
+    even \\u-escaped."""
     if "|" in text or "｜" in text or "‖" in text or "\\u" in text:
-        m = _markup_in_arguments(text)
+        m = _markup_in_arguments(text, utf8)
         if m is None and "\\u" in text:
-            m = _markup_in_arguments(_unescaped(text))
+            unescaped = _unescaped(text)
+            m = _markup_in_arguments(unescaped, unescaped.encode("utf-8", "surrogatepass"))
         if m is not None:
             return [make_finding("args-dsml", field, text, m.start(), m.end())]
     return []

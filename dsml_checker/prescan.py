@@ -1,0 +1,28 @@
+"""Cheap signals that let `check` skip a scan which cannot fire on a turn.
+
+Each function here is a necessary condition of the scan it guards finding anything: when it answers False the
+scan's result is known to be empty, so skipping it changes no verdict. Each answers in a few C-level operations
+over the turn's bytes, where the scan it spares costs many. tests/test_dsml_prescan.py holds every one of them
+to that (the same verdicts and findings with every signal answering "maybe").
+"""
+
+from __future__ import annotations
+
+_ZEROS4 = b"\0\0\0\0"
+
+
+def may_loop(raw: bytes) -> bool:
+    """False only when soft_rules' sample pass can find no candidate window in `raw` (hence no loop).
+
+    That pass compares every 4th byte with the one 10 and 21 samples (40 and 84 bytes) back and needs 8 equal
+    samples in a row. Of 8 consecutive multiples of 4, four are multiples of 8, in a row: so bytes 8m and
+    8m - 40 agree for four consecutive m, or bytes 8m and 8m - 84 = 8(m - 11) + 4 do. Both are checked on
+    every 8th byte, half the bytes of the sample pass, with half the run to find.
+    """
+    even = raw[::8]
+    n = len(even)
+    x = int.from_bytes(even, "big")
+    if (x ^ (x >> 40)).to_bytes(n, "big").find(_ZEROS4, 5) >= 0:
+        return True
+    odd = int.from_bytes(raw[4::8].ljust(n, b"\0"), "big")  # bytes 8m + 4, padded to line up with `even`
+    return (x ^ (odd >> 88)).to_bytes(n, "big").find(_ZEROS4, 11) >= 0

@@ -1,0 +1,114 @@
+"""The pre-scan never hides a finding: `check` with its cheap signals (dsml_checker.prescan) gives the same
+verdict and findings as with every signal answering "maybe", on generated clean and damaged turns."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dsml_checker import ToolCall, check, prescan, render_calls
+from dsml_checker.soft_rules import _candidate_windows
+from dsml_checker.text_rules import _quoted_regions, _single_ticks_quote
+
+SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+GATES = [name for name, value in vars(prescan).items() if callable(value) and name.startswith("may_")]
+
+# Pieces that trip the rules (markup whole, garbled and cut; tokens; loops; rare characters; re-sent text),
+# mixed with prose, so that a gate that wrongly answers "no" meets the scan it skips.
+_BLOCK = render_calls([ToolCall("get_weather", {"city": "Paris", "days": 3})])
+_MARKUP = [
+    _BLOCK, _BLOCK[: len(_BLOCK) // 2], _BLOCK.replace("｜DSML｜", "|DSML|"), _BLOCK.replace("｜DSML｜", "｜ dsml｜"),
+    "<｜DSML｜invoke", "</｜DSML｜parameter>", "<｜DSLM｜invoke ", "<DSML｜tool_calls>", "<｜tool▁calls▁begin｜>",
+    "<｜end▁of▁sentence｜>", "</think>", '<invoke name="get_weather">', "<function_calls>", "$TOOL_NAME", "`", "```\n",
+    "<", " < ", "｜", "|", "‖", "\ufffd\ufffd\ufffd", "\x00\x01\x02", "\ue000\ue001\ue002", "dsml", "DSML",
+]
+_UNITS = st.text(st.sampled_from(list("ab0 .-|x\n｜é")), min_size=1, max_size=8)
+_PROSE = st.text(st.sampled_from(list("abcdefghij klmnop,.!?\n`<>|")), max_size=120)
+_PIECES = st.one_of(
+    _PROSE,
+    st.sampled_from(_MARKUP),
+    st.builds(lambda unit, n: unit * n, _UNITS, st.integers(1, 60)),
+)
+texts = st.lists(_PIECES, max_size=8).map("".join)
+# A text repeated: a re-sent answer, or its first part re-sent growing.
+damaged = texts | st.builds(lambda t, k: t[:k] + t, texts, st.integers(0, 200)) | st.builds(lambda t: t + t, texts)
+
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]}}},
+]
+
+
+@st.composite
+def messages(draw: st.DrawFn) -> tuple[dict[str, Any], str | None]:
+    message: dict[str, Any] = {"role": "assistant", "content": draw(st.none() | damaged)}
+    if draw(st.booleans()):
+        message["reasoning_content"] = draw(damaged)
+    calls = []
+    for i in range(draw(st.integers(0, 3))):
+        args = draw(st.one_of(
+            st.builds(lambda city: json.dumps({"city": city}, ensure_ascii=False), damaged),
+            st.builds(lambda city: json.dumps({"city": city}), damaged),  # \u-escaped
+            damaged,
+        ))
+        calls.append({"id": f"c{i}", "type": "function", "function": {"name": "get_weather", "arguments": args}})
+    if calls:
+        message["tool_calls"] = calls
+    return message, draw(st.sampled_from([None, "stop", "length", "tool_calls"]))
+
+
+@contextmanager
+def every_gate_open() -> Iterator[None]:
+    saved = {name: getattr(prescan, name) for name in GATES}
+    for name in GATES:
+        setattr(prescan, name, lambda *args, **kwargs: True)
+    try:
+        yield
+    finally:
+        for name, gate in saved.items():
+            setattr(prescan, name, gate)
+
+
+def test_there_are_gates_to_test() -> None:
+    assert "may_loop" in GATES
+
+
+@SETTINGS
+@given(case=messages(), raw=st.none() | damaged)
+def test_the_fast_path_finds_what_the_full_path_finds(case: tuple[dict[str, Any], str | None], raw: str | None) -> None:
+    message, finish = case
+    fast = check(message, finish_reason=finish, tools=TOOLS, raw=raw)
+    with every_gate_open():
+        full = check(message, finish_reason=finish, tools=TOOLS, raw=raw)
+    assert fast == full
+
+
+@SETTINGS
+@given(parts=st.lists(st.binary(max_size=40) | st.builds(lambda u, n: u * n, st.binary(min_size=1, max_size=8), st.integers(1, 80)), max_size=8))
+def test_no_loop_signal_means_no_candidate_window(parts: list[bytes]) -> None:
+    raw = b"".join(parts)
+    if not prescan.may_loop(raw):
+        assert _candidate_windows(raw) == []
+
+
+@pytest.mark.parametrize("unit", [b"0", b"ab", b"abc", b"abcd", b"abcde", b"abcdef", b"abcdefg", b"abcdefgh", "ｘ".encode()])
+@pytest.mark.parametrize("lead", [0, 1, 2, 3, 5, 7])
+def test_a_loop_always_gives_the_signal(unit: bytes, lead: int) -> None:
+    raw = b"z" * lead + unit * (200 // len(unit)) + b"y"
+    assert _candidate_windows(raw)
+    assert prescan.may_loop(raw)
+
+
+@SETTINGS
+@given(text=st.text(st.sampled_from(list("ab`~\n ")), max_size=40), start=st.integers(0, 40), width=st.integers(0, 6))
+def test_quoting_counted_up_to_a_match_agrees_with_the_quoted_regions(text: str, start: int, width: int) -> None:
+    quick = _single_ticks_quote(text, start, start + width)
+    if quick is not None:
+        regions = _quoted_regions(text)
+        assert quick == any(lo <= start and hi >= start + width for lo, hi in regions)
