@@ -6,6 +6,7 @@ history up to each recorded assistant turn, never the model's new answers, and n
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 from pathlib import Path
@@ -132,6 +133,50 @@ def test_a_malformed_trace_line_is_named_by_line_and_field(
                             "--out", str(tmp_path / "never"))
     assert code == 2
     assert err.startswith(f"repro: error: {tmp_path}/{expected}") and err.count("\n") == 1
+    assert not (tmp_path / "never").exists()
+
+
+def test_a_trace_keeps_only_the_conversations_its_sessions_replay(faulty: str, tmp_path: Path) -> None:
+    lines = EXAMPLE.read_text(encoding="utf-8").splitlines()
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("\n".join(lines * 10) + "\n", encoding="utf-8")
+    kept = load_trace(trace, keep=3)
+    whole = load_trace(trace)
+    # Every line was read, validated and hashed; three conversations were built and kept.
+    assert [c.id for c in kept.conversations] == [c.id for c in whole.conversations[:3]]
+    assert len(whole.conversations) == kept.count == 40 and kept.turns == whole.turns == 600
+    assert kept.sha256 == whole.sha256 == hashlib.sha256(trace.read_bytes()).hexdigest()
+    assert kept.manifest_entry() == whole.manifest_entry()
+    with pytest.raises(ValueError, match="was not kept"):
+        kept.conversation(3)
+    # A run keeps as many as it has sessions, and they are the ones it replays.
+    result = run(tmp_path / "run", base_url=f"{faulty}/good~kept/v1", workload=trace, observe="parsed",
+                 sessions=2, concurrency=1, turns=1)
+    assert result.exit_code == 0
+    assert load_run(result.path).manifest.workload["conversations"] == 40
+    first_turns = []
+    for conversation in recorded(EXAMPLE)[:2]:
+        position = next(i for i, m in enumerate(conversation["messages"]) if i and m["role"] == "assistant")
+        first_turns.append([sent_form(m) for m in conversation["messages"][:position]])
+    assert [body["messages"] for body in received(faulty, "good~kept")] == first_turns
+
+
+@pytest.mark.parametrize("bad, expected", [(lambda: "{\"messages\": [", "not JSON"),
+                                           (lambda: b"\xff{}", "not UTF-8 text")], ids=["json", "utf8"])
+def test_a_bad_line_after_the_replayed_conversations_still_stops_the_run(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, bad: Any, expected: str
+) -> None:
+    # Validate all, keep what is used: a trace is checked to its last line before anything is sent, so a
+    # run of 2 sessions refuses a trace whose 40th line is bad, naming it.
+    lines = [line.encode() for line in EXAMPLE.read_text(encoding="utf-8").splitlines() * 10]
+    line = bad()
+    lines[39] = line if isinstance(line, bytes) else line.encode()
+    trace = tmp_path / "t.jsonl"
+    trace.write_bytes(b"\n".join(lines) + b"\n")
+    code, _, err = run_main(capsys, "run", "--workload", str(trace), "--sessions", "2", "--base-url",
+                            "http://127.0.0.1:9/v1", "--out", str(tmp_path / "never"))
+    assert code == 2
+    assert err.startswith(f"repro: error: {trace}:40: {expected}") and err.count("\n") == 1
     assert not (tmp_path / "never").exists()
 
 
