@@ -230,3 +230,21 @@ def test_convert_names_the_log_line_at_fault(capsys: pytest.CaptureFixture[str],
     code, _, err = run_main(capsys, "trace", "convert", str(log), "-o", str(tmp_path / "t.jsonl"))
     assert code == 2
     assert err == f"repro: error: {log}:2: response.choices: missing or empty (expected the chat.completion object)\n"
+
+
+def test_convert_that_fails_on_a_later_conversation_leaves_nothing(capsys: pytest.CaptureFixture[str],
+                                                                   tmp_path: Path) -> None:
+    # The log streams through twice: every line reads, and the second conversation cannot be replayed (a lone
+    # answer), found while the first is already written. Neither a half trace nor its partial file is left,
+    # and a trace already at the output is kept as it was.
+    good = {"request": {"messages": [{"role": "user", "content": "hi"}]},
+            "response": {"choices": [{"message": {"role": "assistant", "content": "hello"}}]}}
+    lone = {"request": {"messages": []}, "response": {"choices": [{"message": {"role": "assistant", "content": "x"}}]}}
+    log = tmp_path / "log.jsonl"
+    log.write_text(json.dumps(good) + "\n" + json.dumps(lone) + "\n", encoding="utf-8")
+    out = tmp_path / "t.jsonl"
+    out.write_text("kept\n", encoding="utf-8")
+    code, _, err = run_main(capsys, "trace", "convert", str(log), "-o", str(out))
+    assert code == 2 and err.startswith(f"repro: error: {log} (converted):2: messages: ") and err.count("\n") == 1
+    assert out.read_text(encoding="utf-8") == "kept\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["log.jsonl", "t.jsonl"]

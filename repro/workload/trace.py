@@ -18,11 +18,12 @@ import hashlib
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable, Iterator, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from repro.errors import UsageError, describe_validation_error
+from repro.jsonl import stream_lines
 from repro.untrusted import parse_json
 
 DEFAULT_MAX_TOKENS = 1024
@@ -203,26 +204,6 @@ def parse_line(text: str, *, source: str, line: int) -> Conversation:
     return conversation
 
 
-def _lines(file: Path, digest: Callable[[bytes], object]) -> Iterator[tuple[int, str]]:
-    """(line number, text) of every non-blank line, read one at a time; every byte goes to `digest`.
-
-    Lines end at b"\\n" only (a binary file's iteration), as repro.jsonl's reader splits: U+2028 and NEL inside a
-    JSON string stay in their line. UTF-8 cannot hold the byte 0x0A inside a character, so each line decodes alone.
-    """
-    try:
-        with open(file, "rb") as stream:
-            for number, raw in enumerate(stream, start=1):
-                digest(raw)
-                try:
-                    text = raw.decode("utf-8")
-                except UnicodeDecodeError:
-                    raise UsageError(f"{file}:{number}: not UTF-8 text") from None
-                if text.strip():
-                    yield number, text
-    except OSError as err:
-        raise UsageError(f"--workload {file}: cannot read: {err.strerror or err}") from None
-
-
 def load_trace(path: str | Path, *, timing: bool = False, keep: int | None = None) -> Trace:
     """Read and validate a trace file; with `timing`, every assistant message must carry a timestamp.
 
@@ -233,7 +214,7 @@ def load_trace(path: str | Path, *, timing: bool = False, keep: int | None = Non
     digest = hashlib.sha256()
     conversations: list[Conversation] = []
     count = turns = 0
-    for number, line_text in _lines(file, digest.update):
+    for number, line_text in stream_lines(file, f"--workload {file}", digest.update):
         conversation = parse_line(line_text, source=str(file), line=number)
         positions = conversation.turn_positions()
         if timing:
