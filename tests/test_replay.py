@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import random
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -248,3 +251,15 @@ def test_convert_that_fails_on_a_later_conversation_leaves_nothing(capsys: pytes
     assert code == 2 and err.startswith(f"repro: error: {log} (converted):2: messages: ") and err.count("\n") == 1
     assert out.read_text(encoding="utf-8") == "kept\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["log.jsonl", "t.jsonl"]
+
+
+def test_convert_refuses_a_pipe_it_could_read_only_once(tmp_path: Path) -> None:
+    # The log is read twice: a named pipe is refused in one line before it is opened (opening would wait for
+    # a writer), and nothing is written.
+    pipe = tmp_path / "log.fifo"
+    os.mkfifo(pipe)
+    done = subprocess.run([sys.executable, "-c", "from repro.cli import main; main()", "trace", "convert", str(pipe),
+                           "-o", str(tmp_path / "t.jsonl")], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr == f"repro: error: trace convert {pipe}: not a regular file (the log is read twice: save a pipe's output to a file first)\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["log.fifo"]

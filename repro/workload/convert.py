@@ -96,6 +96,9 @@ def convert(log: Path, out: Path) -> tuple[int, int]:
     conversation (history plus answer) and the histories before its assistant messages; the second writes the
     calls that no other call continues. Nothing is left at `out` unless every line converted.
     """
+    if log.exists() and not log.is_file():
+        raise UsageError(f"trace convert {log}: not a regular file (the log is read twice: save a pipe's output "
+                         "to a file first)")
     # A call continues another when the other's history plus answer is a prefix of its own history.
     # Each call's history is hashed once, prefix by prefix: linear in the log's size.
     finished: dict[str, tuple[int, float | str | None]] = {}
@@ -111,11 +114,12 @@ def convert(log: Path, out: Path) -> tuple[int, int]:
     if not calls:
         raise UsageError(f"trace convert {log}: no request/response lines")
     continued = {finished[key][0] for key in referenced if key in finished}
-    written = 0
+    written = again = 0
     partial = out.with_name(f".{out.name}.partial")
     try:
         with open(partial, "w", encoding="utf-8") as fh:
             for call in _calls(log):
+                again += 1
                 if call.line in continued:
                     continue
                 keys = _prefix_keys(call.whole)
@@ -126,6 +130,10 @@ def convert(log: Path, out: Path) -> tuple[int, int]:
                         call.history[cut]["timestamp"] = parent[1]
                 fh.write(_rendered(call, log) + "\n")
                 written += 1
+        if again != calls:
+            # A log still being written grows: the second pass must see the first's lines.
+            raise UsageError(f"trace convert {log}: {calls} calls on the first reading, {again} on the second: "
+                             "convert a regular file that is not being written to")
         partial.replace(out)
     except OSError as err:
         raise UsageError(f"trace convert -o {out}: cannot write: {err.strerror or err}") from None
