@@ -2,7 +2,9 @@
 (every call carries the whole history so far), converted; prints the log size and the time per length.
 
 A converter linear in the log's size takes about 4x the time when the turns double (the log itself
-grows 4x, each call repeating the history); a cubic one took 194 s at 400 turns (34 MB).
+grows 4x, each call repeating the history); a cubic one took 194 s at 400 turns (34 MB). Each conversion
+runs in a fresh process, whose peak RSS is printed: the converter streams the log (twice), so its memory
+follows the conversation written, not the log read.
 
     .venv/bin/python benchmarks/bench_convert.py [--turns 100 200 400]
 """
@@ -11,11 +13,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
+import sys
 import tempfile
-import time
 from pathlib import Path
 
+CONVERT = """
+import sys, time
+from pathlib import Path
 from repro.workload.convert import convert
+started = time.perf_counter()
+calls, conversations = convert(Path(sys.argv[1]), Path(sys.argv[2]))
+print(calls, conversations, time.perf_counter() - started)
+"""
 
 FILLER = "word " * 16
 
@@ -39,15 +50,18 @@ def main() -> None:
     parser.add_argument("--turns", type=int, nargs="*", default=[100, 200, 400])
     options = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-convert-") as tmp:
-        print(f"{'turns':>6} {'log MB':>8} {'convert s':>10}")
+        print(f"{'turns':>6} {'log MB':>8} {'convert s':>10} {'peak RSS MB':>12}")
         for turns in options.turns:
             log = Path(tmp) / f"log-{turns}.jsonl"
             size = write_log(log, turns)
-            started = time.perf_counter()
-            calls, conversations = convert(log, Path(tmp) / f"trace-{turns}.jsonl")
-            elapsed = time.perf_counter() - started
-            assert (calls, conversations) == (turns, 1)
-            print(f"{turns:>6} {size / 1e6:>8.1f} {elapsed:>10.2f}", flush=True)
+            child = subprocess.Popen([sys.executable, "-c", CONVERT, str(log), str(Path(tmp) / f"trace-{turns}.jsonl")],
+                                     stdout=subprocess.PIPE, text=True)
+            _, status, usage = os.wait4(child.pid, 0)
+            assert child.stdout is not None and os.waitstatus_to_exitcode(status) == 0
+            calls, conversations, elapsed = child.stdout.read().split()
+            child.stdout.close()
+            assert (int(calls), int(conversations)) == (turns, 1)
+            print(f"{turns:>6} {size / 1e6:>8.1f} {float(elapsed):>10.2f} {usage.ru_maxrss / 1024:>12.0f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -248,7 +248,8 @@ def main(argv: list[str] | None = None) -> int:
             f"Of {args.draws} faults the simulator would inject spread evenly over its answers, {100 * final_share:.1f}% "
             "land on a final-answer turn (the undamaged answer has no tool call). Live, faults gather on the later "
             "turns, whose long prefixes are loaded back from the host tier: in two runs of the README's main "
-            "command (`repro run --sessions 60 --timeout 180`, deepseek-recipe 0.2.0), 12 of 23 and 7 of 15 "
+            "command (`repro run --sessions 60 --timeout 180`, deepseek-recipe 0.2.0, on the simulator's real clock), "
+            "12 of 23 and 7 of 15 "
             "corrupt turns (19 of 38, 50%) were final answers. On a final answer only the text operators fit (repeated text, a leaked "
             "invoke, replayed reasoning), and recall there, at the simulator's weights over final answers alone, is:",
             "", *finals, ""]

@@ -24,6 +24,28 @@ def numbered_lines(text: str) -> Iterator[tuple[int, str]]:
             yield number, line
 
 
+def stream_lines(path: Path, label: str, update: Callable[[bytes], object] | None = None) -> Iterator[tuple[int, str]]:
+    """(line number from 1, line) for every line of a user's JSON-lines file that is not blank, read one at a
+    time, so a file of any size costs its longest line; every byte also goes to `update` (a digest's).
+
+    A binary file's lines end at b"\\n" only, as numbered_lines splits; UTF-8 cannot hold the byte 0x0A inside
+    a character, so each line decodes alone. A UsageError `label: cannot read: …` or `PATH:N: not UTF-8 text`.
+    """
+    try:
+        with open(path, "rb") as stream:
+            for number, raw in enumerate(stream, start=1):
+                if update is not None:
+                    update(raw)
+                try:
+                    text = raw.decode("utf-8")
+                except UnicodeDecodeError:
+                    raise UsageError(f"{path}:{number}: not UTF-8 text") from None
+                if text.strip():
+                    yield number, text
+    except OSError as err:
+        raise UsageError(f"{label}: cannot read: {err.strerror or err}") from None
+
+
 def read_journal(path: Path, parse: Callable[[str], T]) -> list[T]:
     """Every record of an append-only journal the harness wrote itself, in order.
 

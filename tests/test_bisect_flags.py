@@ -16,8 +16,9 @@ from repro.bisect.settings import apply, command_line, differences, read_config
 from repro.errors import UsageError
 
 REPRO = [sys.executable, "-c", "from repro.cli import main; main()"]
-# Long sessions on a fast clock: the faulty pair corrupts about half the sessions, so probes stay short.
-COMMON = "--time-scale 0.05 --final-after-turns 10"
+# Long sessions: the faulty pair corrupts about half the sessions, so probes stay short; on the virtual clock,
+# so each probe's count is its seed's at any machine load.
+COMMON = "--clock virtual --time-scale 0.05 --final-after-turns 10"
 GOOD = f"{COMMON} --index-k-dtype fp8 --tp 8 / NCCL_DEBUG=INFO"
 BAD = f"{COMMON} --enable-hierarchical-cache --index-k-dtype bf16 --tp 4 / NCCL_DEBUG=WARN"
 # HiCache with the fp8 index-K races rarely (about 2% of sessions in these long sessions): a good
@@ -39,7 +40,8 @@ def test_settings_differences_and_subsets() -> None:
         "NCCL_DEBUG=INFO -> NCCL_DEBUG=WARN",
     ]
     flags, env = command_line(apply(good, changes, [1, 3]))
-    assert flags == ["--time-scale", "0.05", "--final-after-turns", "10", "--index-k-dtype", "bf16", "--tp", "8"]
+    assert flags == ["--clock", "virtual", "--time-scale", "0.05", "--final-after-turns", "10", "--index-k-dtype", "bf16",
+                     "--tp", "8"]
     assert env == {"NCCL_DEBUG": "WARN"}
     # A setting only the good side has is removed; --no-X and X are one setting.
     assert [str(c) for c in differences(read_config("--a --no-b", option="g"), read_config("--b", option="b"))] == [

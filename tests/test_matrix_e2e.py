@@ -144,7 +144,9 @@ def test_sim_matrix_names_hicache_a_cause_and_no_factor_without_effect_over_seve
 def test_sim_pd_matrix_tells_the_corruption_cause_from_the_wedge_cause(tmp_path: Path) -> None:
     # The seeds' two faults at once: HiCache corrupts, PD disaggregation wedges. Neither may be blamed
     # for the other's outcome, though wedged sessions end before they could show corruption.
-    proc = start(["matrix", str(PD_SPEC), "--out", str(tmp_path / "m"), "--no-cell-reports"], tmp_path / "m.log")
+    # On the virtual clock, so the counts behind both verdicts are the seeds' at any machine load.
+    proc = start(["matrix", str(PD_SPEC), "--out", str(tmp_path / "m"), "--no-cell-reports", "--var", "clock=virtual",
+                  "--var", "waiting_timeout=1e9"], tmp_path / "m.log")
     assert proc.wait(timeout=400) == 0, (tmp_path / "m.log").read_text()[-3000:]
     matrix = json.loads((tmp_path / "m" / "matrix.json").read_text())
     corruption = {f["factor"]: f["verdict"] for f in matrix["factors"]}
@@ -175,7 +177,8 @@ def test_sigint_mid_cell_stops_every_process_and_keeps_what_finished(tmp_path: P
 
 
 def test_resume_after_sigkill_loses_no_finished_cell(tmp_path: Path) -> None:
-    spec = sim_spec(tmp_path, "kill", load=TINY, design=ONE, variables={"time_scale": "0", "final_after": "2"})
+    spec = sim_spec(tmp_path, "kill", load=TINY, design=ONE,
+                    variables={"time_scale": "0", "final_after": "2", "clock": "virtual"})
     matrix = tmp_path / "m"
     proc = start(["matrix", str(spec), "--out", str(matrix), "--no-cell-reports"], tmp_path / "m.log")
     try:

@@ -166,6 +166,8 @@ def test_a_sequential_matrix_runs_in_rounds_on_ray_with_the_local_looks(tmp_path
     spec["load"].update({"workload": str(ROOT / "experiments" / "agentic_coding.yaml"),
                          "sessions": 4, "concurrency": 4, "turns": 3, "pressure": "auto"})
     spec["design"].update({"replicates": 2, "seed": 3, "sequential": True})
+    # The virtual clock: both executors' cells count the same, so their looks agree at any machine load.
+    spec["variables"]["clock"] = "virtual"
     # A device pool these few sessions overflow, so that HiCache-on cells exercise it and count.
     spec["deployment"]["command"] += " --max-total-tokens 16000"
     spec["resources"] = {"run": {"CPU": 1}}

@@ -326,7 +326,9 @@ def _faults(sim_url: str) -> list[dict[str, Any]]:
 def test_raw_verdicts_agree_with_the_simulators_fault_log(
     sim_server: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str], coverage: str
 ) -> None:
-    sim = sim_server("--enable-hierarchical-cache", "--index-k-dtype", "bf16", "--logprobs-coverage", coverage)
+    # On the virtual clock: the faults to compare are the seed's, at any machine load.
+    sim = sim_server("--enable-hierarchical-cache", "--index-k-dtype", "bf16", "--logprobs-coverage", coverage,
+                     "--clock", "virtual")
     code, _, err = run_main(
         capsys, "run", "--base-url", sim.base_url, "--sessions", "60", "--turns", "8", "--out", str(tmp_path / "run")
     )

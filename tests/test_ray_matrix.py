@@ -40,6 +40,8 @@ def spec_file(tmp_path: Path, name: str, mark: str, **load: Any) -> Path:
     spec["load"].update({"workload": str(ROOT / "experiments" / "agentic_coding.yaml"),
                          "sessions": 4, "concurrency": 4, "turns": 3, "pressure": "auto", **load})
     spec["design"]["replicates"] = 1
+    # The virtual clock: the same seeds give the same counts on a node and here, so the same verdicts, at any load.
+    spec["variables"]["clock"] = "virtual"
     # A device pool these few sessions overflow, so that HiCache-on cells exercise it and count.
     spec["deployment"]["command"] += " --max-total-tokens 16000"
     spec["deployment"]["env"] = {"REPRO_TEST_MARK": mark}

@@ -19,8 +19,9 @@ from repro.bisect.simrepo import BUILD, DEPLOY, build_repo
 from repro.procs.process import free_port
 
 LOAD = ["--sessions", "16", "--turns", "14"]
-# Long sessions on a fast clock: HiCache with the bf16 index-K corrupts about half the sessions at 16 at once.
-COMMON = "--time-scale 0.05 --final-after-turns 10"
+# Long sessions: HiCache with the bf16 index-K corrupts about half the sessions at 16 at once; on the virtual
+# clock, so each probe's and level's count is its seed's at any machine load.
+COMMON = "--clock virtual --time-scale 0.05 --final-after-turns 10"
 
 pytestmark = pytest.mark.slow
 
@@ -152,7 +153,7 @@ def test_sigint_cancels_the_probes_and_leaves_no_server(cluster: tuple[Cluster, 
 def test_sweep_on_a_node_finds_the_local_onset(cluster: tuple[Cluster, dict[str, str]], tmp_path: Path) -> None:
     made, nodes = cluster
     # A small device pool: more evictions and load-backs, so 16 at once corrupt a third or more of the
-    # sessions even on a loaded machine, and one at a time none.
+    # sessions, and one at a time none (the virtual clock's counts, the same on the node and here).
     sweep = ["sweep", "--concurrency", "1,16", "--sessions", "16", "--seed", "3", "--sim-args",
              f"{COMMON} --enable-hierarchical-cache --index-k-dtype bf16 --max-total-tokens 32000"]
     on_ray = repro([*sweep, "--out", str(tmp_path / "ray"), "--executor", "ray", "--ray-address", made.address,

@@ -6,8 +6,12 @@ history up to each recorded assistant turn, never the model's new answers, and n
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import random
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -135,6 +139,50 @@ def test_a_malformed_trace_line_is_named_by_line_and_field(
     assert not (tmp_path / "never").exists()
 
 
+def test_a_trace_keeps_only_the_conversations_its_sessions_replay(faulty: str, tmp_path: Path) -> None:
+    lines = EXAMPLE.read_text(encoding="utf-8").splitlines()
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("\n".join(lines * 10) + "\n", encoding="utf-8")
+    kept = load_trace(trace, keep=3)
+    whole = load_trace(trace)
+    # Every line was read, validated and hashed; three conversations were built and kept.
+    assert [c.id for c in kept.conversations] == [c.id for c in whole.conversations[:3]]
+    assert len(whole.conversations) == kept.count == 40 and kept.turns == whole.turns == 600
+    assert kept.sha256 == whole.sha256 == hashlib.sha256(trace.read_bytes()).hexdigest()
+    assert kept.manifest_entry() == whole.manifest_entry()
+    with pytest.raises(ValueError, match="was not kept"):
+        kept.conversation(3)
+    # A run keeps as many as it has sessions, and they are the ones it replays.
+    result = run(tmp_path / "run", base_url=f"{faulty}/good~kept/v1", workload=trace, observe="parsed",
+                 sessions=2, concurrency=1, turns=1)
+    assert result.exit_code == 0
+    assert load_run(result.path).manifest.workload["conversations"] == 40
+    first_turns = []
+    for conversation in recorded(EXAMPLE)[:2]:
+        position = next(i for i, m in enumerate(conversation["messages"]) if i and m["role"] == "assistant")
+        first_turns.append([sent_form(m) for m in conversation["messages"][:position]])
+    assert [body["messages"] for body in received(faulty, "good~kept")] == first_turns
+
+
+@pytest.mark.parametrize("bad, expected", [(lambda: "{\"messages\": [", "not JSON"),
+                                           (lambda: b"\xff{}", "not UTF-8 text")], ids=["json", "utf8"])
+def test_a_bad_line_after_the_replayed_conversations_still_stops_the_run(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, bad: Any, expected: str
+) -> None:
+    # Validate all, keep what is used: a trace is checked to its last line before anything is sent, so a
+    # run of 2 sessions refuses a trace whose 40th line is bad, naming it.
+    lines = [line.encode() for line in EXAMPLE.read_text(encoding="utf-8").splitlines() * 10]
+    line = bad()
+    lines[39] = line if isinstance(line, bytes) else line.encode()
+    trace = tmp_path / "t.jsonl"
+    trace.write_bytes(b"\n".join(lines) + b"\n")
+    code, _, err = run_main(capsys, "run", "--workload", str(trace), "--sessions", "2", "--base-url",
+                            "http://127.0.0.1:9/v1", "--out", str(tmp_path / "never"))
+    assert code == 2
+    assert err.startswith(f"repro: error: {trace}:40: {expected}") and err.count("\n") == 1
+    assert not (tmp_path / "never").exists()
+
+
 def test_replay_timing_needs_timestamps_and_a_trace(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     conversation = recorded(EXAMPLE)[0]
     del conversation["messages"][2]["timestamp"]
@@ -185,3 +233,33 @@ def test_convert_names_the_log_line_at_fault(capsys: pytest.CaptureFixture[str],
     code, _, err = run_main(capsys, "trace", "convert", str(log), "-o", str(tmp_path / "t.jsonl"))
     assert code == 2
     assert err == f"repro: error: {log}:2: response.choices: missing or empty (expected the chat.completion object)\n"
+
+
+def test_convert_that_fails_on_a_later_conversation_leaves_nothing(capsys: pytest.CaptureFixture[str],
+                                                                   tmp_path: Path) -> None:
+    # The log streams through twice: every line reads, and the second conversation cannot be replayed (a lone
+    # answer), found while the first is already written. Neither a half trace nor its partial file is left,
+    # and a trace already at the output is kept as it was.
+    good = {"request": {"messages": [{"role": "user", "content": "hi"}]},
+            "response": {"choices": [{"message": {"role": "assistant", "content": "hello"}}]}}
+    lone = {"request": {"messages": []}, "response": {"choices": [{"message": {"role": "assistant", "content": "x"}}]}}
+    log = tmp_path / "log.jsonl"
+    log.write_text(json.dumps(good) + "\n" + json.dumps(lone) + "\n", encoding="utf-8")
+    out = tmp_path / "t.jsonl"
+    out.write_text("kept\n", encoding="utf-8")
+    code, _, err = run_main(capsys, "trace", "convert", str(log), "-o", str(out))
+    assert code == 2 and err.startswith(f"repro: error: {log} (converted):2: messages: ") and err.count("\n") == 1
+    assert out.read_text(encoding="utf-8") == "kept\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["log.jsonl", "t.jsonl"]
+
+
+def test_convert_refuses_a_pipe_it_could_read_only_once(tmp_path: Path) -> None:
+    # The log is read twice: a named pipe is refused in one line before it is opened (opening would wait for
+    # a writer), and nothing is written.
+    pipe = tmp_path / "log.fifo"
+    os.mkfifo(pipe)
+    done = subprocess.run([sys.executable, "-c", "from repro.cli import main; main()", "trace", "convert", str(pipe),
+                           "-o", str(tmp_path / "t.jsonl")], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr == f"repro: error: trace convert {pipe}: not a regular file (the log is read twice: save a pipe's output to a file first)\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["log.fifo"]

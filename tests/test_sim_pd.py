@@ -2,6 +2,11 @@
 
 /debug/wedges is the ground truth: every recorded wedge must be a turn the harness saw stall (or, past
 the waiting timeout, fail), and no stalled turn may be missing from it. Asserted on counts, never on timing.
+
+The simulators run on the virtual clock (`--clock virtual`): which transfers lose their notice follows from
+the seed and the load alone, not from how busy the machine is, so "at least one wedge at 60 sessions" and
+"none in null mode" are the seed's. A wedge still ends in real time (the client's stall timeout aborts it),
+so its simulated waiting timeout is set beyond reach where the stall is what the test watches.
 """
 
 from __future__ import annotations
@@ -20,13 +25,16 @@ from repro.run.runner import execute_run
 from repro.sim.model import conversation_key
 from repro.store.records import SessionRecord
 
-FAST = ("--time-scale", "0.1")
+VIRTUAL = ("--clock", "virtual")
 PD = ("--disaggregation-mode", "decode")
+NEVER_FAILS = ("--disaggregation-waiting-timeout", "1e9")
+"""Simulated seconds: on the virtual clock, steps with nothing else to do race through simulated time while a
+wedged client waits out its real stall timeout; the default 300 s would fail the wedge before the stall."""
 TIGHT = ("--disaggregation-metadata-slots", "40")
 """Fewer slots than the default's 45: at 60 sessions the seeds saw 10-16 wedged sessions instead of 1-4, so a
 run without any would be a broken mechanism rather than bad luck."""
 STALL_S = 5.0
-"""Real seconds: 50 simulated seconds at FAST, far beyond any healthy gap and far below the 300 s waiting timeout."""
+"""Real seconds without a byte: far beyond any healthy gap."""
 
 
 def _run(base_url: str, out: Path, sessions: int, stall_timeout: float = STALL_S) -> list[SessionRecord]:
@@ -54,7 +62,7 @@ def _turns_with(records: list[SessionRecord], status: str) -> set[tuple[str, int
 
 
 def test_pd_at_60_sessions_wedges_and_each_wedged_session_is_a_recorded_wedge(sim_server, tmp_path: Path) -> None:
-    sim = sim_server(*PD, *TIGHT, *FAST)
+    sim = sim_server(*PD, *TIGHT, *NEVER_FAILS, *VIRTUAL)
     records: list[SessionRecord] = []
     runner = threading.Thread(target=lambda: records.extend(_run(sim.base_url, tmp_path / "run", 60)))
     runner.start()
@@ -86,7 +94,7 @@ def test_pd_at_60_sessions_wedges_and_each_wedged_session_is_a_recorded_wedge(si
 
 
 def test_null_mode_at_60_sessions_never_wedges(sim_server, tmp_path: Path) -> None:
-    sim = sim_server(*TIGHT, *FAST)
+    sim = sim_server(*TIGHT, *VIRTUAL)
     records = _run(sim.base_url, tmp_path / "run", 60)
     assert not any(r.wedged for r in records)
     assert {r.outcome for r in records} == {"clean"}
@@ -95,7 +103,7 @@ def test_null_mode_at_60_sessions_never_wedges(sim_server, tmp_path: Path) -> No
 
 
 def test_pd_single_session_never_wedges(sim_server, tmp_path: Path) -> None:
-    sim = sim_server(*PD, *TIGHT, *FAST)
+    sim = sim_server(*PD, *TIGHT, *VIRTUAL)
     records = _run(sim.base_url, tmp_path / "run", 1)
     assert records[0].outcome == "clean" and not records[0].wedged and len(records[0].turns) >= 3
     assert _wedges(sim.url) == []
@@ -103,9 +111,9 @@ def test_pd_single_session_never_wedges(sim_server, tmp_path: Path) -> None:
 
 
 def test_waiting_timeout_fails_each_wedge_with_an_error_event(sim_server, tmp_path: Path) -> None:
-    # Four slots for 16 sessions: notices are lost often. A 20 s (2 s real) waiting timeout ends each wedge
-    # long before the client's stall timeout, so the harness sees the error event, not a stall.
-    sim = sim_server(*PD, "--disaggregation-metadata-slots", "4", "--disaggregation-waiting-timeout", "20", *FAST)
+    # Four slots for 16 sessions: notices are lost often. A 20 s waiting timeout, simulated, ends each wedge
+    # within the engine's own steps, long before the client's real stall timeout: the harness sees the error event.
+    sim = sim_server(*PD, "--disaggregation-metadata-slots", "4", "--disaggregation-waiting-timeout", "20", *VIRTUAL)
     records = _run(sim.base_url, tmp_path / "run", 16, stall_timeout=60)
     wedges = _wedges(sim.url)
     failed = [t for r in records for t in r.turns if t.status == "error"]

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from dsml_checker import StreamAccumulator
 from dsml_checker.encoding import encode_messages
 from dsml_checker.formats import EOS, THINK_CLOSE
+from repro.run import clock
 from repro.workload.sandbox import execute
 from repro.sim.launch import SimHandle, start_sim
 from repro.sim.model import answer, assistant_turns, conversation_key
@@ -340,11 +341,20 @@ def test_raw_endpoints_share_the_prefix_cache_across_turns(sim: SimHandle) -> No
 
 
 async def _session(client: httpx.AsyncClient, n: int, seen: dict[str, str]) -> None:
+    try:
+        await _turns(client, n, seen)
+    finally:
+        await clock.end(f"{str(client.base_url).rstrip('/')}/sim/clock", n)  # the virtual clock stops waiting for it
+
+
+async def _turns(client: httpx.AsyncClient, n: int, seen: dict[str, str]) -> None:
     messages = _task(100 + n)
+    tag = clock.session_headers(n)
     for _ in range(FINAL_AFTER + 1):
         body = {"messages": messages, "tools": TOOLS, "seed": n, "logprobs": True, "max_tokens": 1024}
         if n % 2:
-            async with client.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as response:
+            async with client.stream("POST", "/v1/chat/completions", json={**body, "stream": True},
+                                     headers=tag) as response:
                 accumulated, entries, rid = StreamAccumulator(), [], ""
                 async for line in response.aiter_lines():
                     if line.startswith("data: {"):
@@ -354,7 +364,7 @@ async def _session(client: httpx.AsyncClient, n: int, seen: dict[str, str]) -> N
                         entries += [e for c in chunk["choices"] for e in ((c.get("logprobs") or {}).get("content") or [])]
                 message = accumulated.message()
         else:
-            response_body = (await client.post("/v1/chat/completions", json=body)).json()
+            response_body = (await client.post("/v1/chat/completions", json=body, headers=tag)).json()
             rid, message = response_body["id"], response_body["choices"][0]["message"]
             entries = response_body["choices"][0]["logprobs"]["content"]
         seen[rid] = _rebuilt(entries)
@@ -368,20 +378,23 @@ async def _session(client: httpx.AsyncClient, n: int, seen: dict[str, str]) -> N
 
 
 async def _sessions(url: str, first: int, count: int, seen: dict[str, str]) -> None:
+    await clock.declare(f"{url}/sim/clock", count, count)
     async with httpx.AsyncClient(base_url=url, timeout=300, limits=httpx.Limits(max_connections=count)) as client:
         await asyncio.gather(*(_session(client, n, seen) for n in range(first, first + count)))
 
 
 def test_damaged_turns_logprobs_spell_the_damaged_text() -> None:
     seen: dict[str, str] = {}
-    with start_sim(["--enable-hierarchical-cache", "--index-k-dtype", "bf16", "--time-scale", "0.1"]) as handle:
-        # The race depends on timing: play rounds of 60 fresh sessions until it has damaged a few turns.
+    # On the virtual clock: which turns the race damages is the seed's, at any machine load.
+    with start_sim(["--enable-hierarchical-cache", "--index-k-dtype", "bf16", "--clock", "virtual"]) as handle:
+        # Play rounds of 60 fresh sessions until the race has damaged a few turns.
         for round_ in range(6):
             asyncio.run(_sessions(handle.url, 60 * round_, 60, seen))
             damaged = httpx.get(f"{handle.url}/debug/fault-texts", timeout=10).json()["texts"]
             if len(damaged) >= 3:
                 break
         faults = httpx.get(f"{handle.url}/debug/faults", timeout=10).json()["faults"]
+        assert httpx.get(f"{handle.url}/sim/clock", timeout=10).json()["timeouts"] == 0  # every step had its sessions
     assert damaged, "the race must have damaged some turns for this test to mean anything"
     assert set(damaged) == {f["request_id"] for f in faults} and set(damaged) <= set(seen)
     assert all(seen[rid] == text for rid, text in damaged.items())

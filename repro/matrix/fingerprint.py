@@ -22,7 +22,7 @@ def workload_sha256(spec: MatrixSpec) -> str:
     """sha256 of the bytes of the workload the spec's load runs (the packaged default when it names none)."""
     workload = spec.load.get("workload")
     if isinstance(workload, str) and is_trace(workload):
-        return load_trace(workload).sha256
+        return load_trace(workload, keep=0).sha256  # validated and hashed as it streams, nothing kept
     return load_workload(workload if isinstance(workload, str) else None).sha256
 
 

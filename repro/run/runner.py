@@ -41,7 +41,7 @@ def execute_run(
     """
     console = console or Console()
     # Everything a bad option or file can fail on is checked before anything is made.
-    loaded = load_scenario(options.workload, replay=options.replay)
+    loaded = load_scenario(options.workload, replay=options.replay, sessions=options.sessions)
     headers = auth_headers(options)
     secrets = [value.removeprefix("Bearer ") for value in headers.values()]
     rule = rule_for(options)

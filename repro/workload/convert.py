@@ -14,10 +14,10 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
-from repro.errors import UsageError, read_text
-from repro.jsonl import numbered_lines
+from repro.errors import UsageError
+from repro.jsonl import stream_lines
 from repro.untrusted import scrub_surrogates
 from repro.workload.trace import SENT_KEYS, json_object_line, parse_line
 
@@ -75,40 +75,80 @@ def _read(line_text: str, source: str, line: int) -> _Call:
     return _Call(line, request, answer, stamp, history)
 
 
+def _calls(log: Path) -> Iterator[_Call]:
+    """The log's calls, one line at a time."""
+    for number, text in stream_lines(log, f"trace convert {log}"):
+        yield _read(text, str(log), number)
+
+
+def _assistant_cuts(call: _Call, keys: list[str]) -> Iterator[tuple[int, str]]:
+    """(position, key of the history up to it) of each assistant message inside the call's history."""
+    for cut in range(1, len(call.history)):
+        if call.history[cut].get("role") == "assistant":
+            yield cut, keys[cut]
+
+
 def convert(log: Path, out: Path) -> tuple[int, int]:
-    """Write the conversations of `log` to `out` as a trace; (calls read, conversations written)."""
-    text = read_text(log, f"trace convert {log}")
-    calls = [_read(t, str(log), n) for n, t in numbered_lines(text)]
-    if not calls:
-        raise UsageError(f"trace convert {log}: no request/response lines")
+    """Write the conversations of `log` to `out` as a trace; (calls read, conversations written).
+
+    Two passes over the log, one line at a time, so memory follows the conversations' count, not the log's
+    size (each call repeats its whole history). The first validates every line and keys each call by its whole
+    conversation (history plus answer) and the histories before its assistant messages; the second writes the
+    calls that no other call continues. Nothing is left at `out` unless every line converted.
+    """
+    if log.exists() and not log.is_file():
+        raise UsageError(f"trace convert {log}: not a regular file (the log is read twice: save a pipe's output "
+                         "to a file first)")
     # A call continues another when the other's history plus answer is a prefix of its own history.
     # Each call's history is hashed once, prefix by prefix: linear in the log's size.
-    finished = {_prefix_keys(call.whole)[-1]: call for call in calls}
-    continued: set[int] = set()
-    for call in calls:
-        keys = _prefix_keys(call.history)
-        for cut in range(1, len(call.history)):
-            if call.history[cut].get("role") == "assistant":
-                parent = finished.get(keys[cut])
-                if parent is not None and parent is not call:
-                    continued.add(id(parent))
-                    # The parent's answer is this history's assistant message: give it the parent's time.
-                    if parent.time is not None and call.history[cut].get("timestamp") is None:
-                        call.history[cut]["timestamp"] = parent.time
-    lines = []
-    for call in calls:
-        if id(call) in continued:
-            continue
-        conversation = {"id": f"log-line-{call.line}", "messages": call.whole}
-        conversation |= {key: call.request[key] for key in REQUEST_KEYS if call.request.get(key) is not None}
-        rendered = json.dumps(conversation, ensure_ascii=False)
-        if scrub_surrogates(rendered) is not rendered:
-            # A lone surrogate (the log escaped it) has no UTF-8 form: kept exactly, as its JSON escape.
-            rendered = json.dumps(conversation)
-        parse_line(rendered, source=f"{log} (converted)", line=call.line)  # what cannot be replayed is named now
-        lines.append(rendered)
+    finished: dict[str, tuple[int, float | str | None]] = {}
+    """Whole-conversation key -> (line, time) of the last call that ended there."""
+    referenced: set[str] = set()
+    """Keys of the histories before an assistant message, in any call: the conversations some call continues."""
+    calls = 0
+    for call in _calls(log):
+        calls += 1
+        keys = _prefix_keys(call.whole)
+        finished[keys[-1]] = (call.line, call.time)
+        referenced.update(key for _, key in _assistant_cuts(call, keys))
+    if not calls:
+        raise UsageError(f"trace convert {log}: no request/response lines")
+    continued = {finished[key][0] for key in referenced if key in finished}
+    written = again = 0
+    partial = out.with_name(f".{out.name}.partial")
     try:
-        out.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        with open(partial, "w", encoding="utf-8") as fh:
+            for call in _calls(log):
+                again += 1
+                if call.line in continued:
+                    continue
+                keys = _prefix_keys(call.whole)
+                for cut, key in _assistant_cuts(call, keys):
+                    # The parent's answer is this history's assistant message: give it the parent's time.
+                    parent = finished.get(key)
+                    if parent is not None and parent[1] is not None and call.history[cut].get("timestamp") is None:
+                        call.history[cut]["timestamp"] = parent[1]
+                fh.write(_rendered(call, log) + "\n")
+                written += 1
+        if again != calls:
+            # A log still being written grows: the second pass must see the first's lines.
+            raise UsageError(f"trace convert {log}: {calls} calls on the first reading, {again} on the second: "
+                             "convert a regular file that is not being written to")
+        partial.replace(out)
     except OSError as err:
         raise UsageError(f"trace convert -o {out}: cannot write: {err.strerror or err}") from None
-    return len(calls), len(lines)
+    finally:
+        partial.unlink(missing_ok=True)
+    return calls, written
+
+
+def _rendered(call: _Call, log: Path) -> str:
+    """The trace line of a conversation that ends with `call`; a UsageError when it cannot be replayed."""
+    conversation = {"id": f"log-line-{call.line}", "messages": call.whole}
+    conversation |= {key: call.request[key] for key in REQUEST_KEYS if call.request.get(key) is not None}
+    rendered = json.dumps(conversation, ensure_ascii=False)
+    if scrub_surrogates(rendered) is not rendered:
+        # A lone surrogate (the log escaped it) has no UTF-8 form: kept exactly, as its JSON escape.
+        rendered = json.dumps(conversation)
+    parse_line(rendered, source=f"{log} (converted)", line=call.line)  # what cannot be replayed is named now
+    return rendered

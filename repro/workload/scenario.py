@@ -181,11 +181,13 @@ class LoadedScenario:
         return self.entry
 
 
-def load_scenario(path: str | Path | None, *, replay: str = "fast") -> LoadedScenario:
-    """The workload or trace `--workload` names (a .jsonl file is a trace); `replay` applies to traces only."""
+def load_scenario(path: str | Path | None, *, replay: str = "fast", sessions: int | None = None) -> LoadedScenario:
+    """The workload or trace `--workload` names (a .jsonl file is a trace); `replay` applies to traces only.
+
+    A trace keeps only the conversations `sessions` sessions replay (None: all); every line is validated."""
     if is_trace(path):
         assert path is not None
-        trace = load_trace(path, timing=replay == "timing")
+        trace = load_trace(path, timing=replay == "timing", keep=sessions)
         return LoadedScenario(scenario=trace, name=trace.name, entry=trace.manifest_entry())
     if replay != "fast":
         raise UsageError(f"--replay {replay}: only a trace workload (a .jsonl file of conversations) is replayed")

@@ -5,6 +5,11 @@ the `tools` it was offered, and optionally per-message `timestamp`s. Replay (rep
 history up to each recorded assistant turn and judges what the model answers there; the recorded assistant
 message, not the new answer, then continues the history, so the server sees the production prompts and their
 prefix sharing whatever the model says.
+
+A trace is read as a stream, line by line: every line is validated (a bad one anywhere stops the run before
+anything is sent, named by its line number), the file is hashed and its conversations and turns counted,
+but only the conversations the run's sessions replay are kept. Memory is bounded by those and the longest
+line, not by the file.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from repro.errors import UsageError, describe_validation_error
-from repro.jsonl import numbered_lines
+from repro.jsonl import stream_lines
 from repro.untrusted import parse_json
 
 DEFAULT_MAX_TOKENS = 1024
@@ -136,10 +141,15 @@ class Conversation(BaseModel):
 
 @dataclass(frozen=True)
 class Trace:
-    """A validated trace file: its conversations, in file order."""
+    """A validated trace file: the conversations its sessions replay, in file order, and what the file holds."""
 
     name: str
     conversations: list[Conversation]
+    """The first conversations of the file, as many as the sessions replay (all, when they outnumber them)."""
+    count: int
+    """Conversations in the file."""
+    turns: int
+    """Recorded assistant turns in the file."""
     path: str
     sha256: str
     timing: bool = False
@@ -151,14 +161,18 @@ class Trace:
             "path": self.path,
             "sha256": self.sha256,
             "kind": "trace",
-            "conversations": len(self.conversations),
-            "turns": sum(len(c.turn_positions()) for c in self.conversations),
+            "conversations": self.count,
+            "turns": self.turns,
             "replay": "timing" if self.timing else "fast",
         }
 
     def conversation(self, session_id: int) -> Conversation:
         """Session i replays conversation i modulo their number, so --sessions may exceed the file's lines."""
-        return self.conversations[session_id % len(self.conversations)]
+        index = session_id % self.count
+        if index >= len(self.conversations):
+            raise ValueError(f"session {session_id} replays conversation {index + 1} of {self.path}, which was not "
+                             f"kept (the trace was loaded for {len(self.conversations)} sessions)")
+        return self.conversations[index]
 
 
 def is_trace(path: str | Path | None) -> bool:
@@ -190,30 +204,31 @@ def parse_line(text: str, *, source: str, line: int) -> Conversation:
     return conversation
 
 
-def load_trace(path: str | Path, *, timing: bool = False) -> Trace:
-    """Read and validate a trace file; with `timing`, every assistant message must carry a timestamp."""
+def load_trace(path: str | Path, *, timing: bool = False, keep: int | None = None) -> Trace:
+    """Read and validate a trace file; with `timing`, every assistant message must carry a timestamp.
+
+    Every line is validated, but only the first `keep` conversations are kept (None: all); a run keeps as
+    many as it has sessions, since session i replays conversation i modulo their number.
+    """
     file = Path(path)
-    try:
-        data = file.read_bytes()
-    except OSError as err:
-        raise UsageError(f"--workload {file}: cannot read: {err.strerror or err}") from None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        line = data[: err.start].count(b"\n") + 1
-        raise UsageError(f"{file}:{line}: not UTF-8 text") from None
-    conversations = []
-    for number, line_text in numbered_lines(text):
+    digest = hashlib.sha256()
+    conversations: list[Conversation] = []
+    count = turns = 0
+    for number, line_text in stream_lines(file, f"--workload {file}", digest.update):
         conversation = parse_line(line_text, source=str(file), line=number)
+        positions = conversation.turn_positions()
         if timing:
-            for position in conversation.turn_positions():
+            for position in positions:
                 if conversation.messages[position].timestamp is None:
                     raise UsageError(
                         f"{file}:{number}: messages.{position}.timestamp: missing; --replay timing needs a "
                         "timestamp on every assistant message"
                     )
-        conversations.append(conversation)
-    if not conversations:
+        count += 1
+        turns += len(positions)
+        if keep is None or len(conversations) < keep:
+            conversations.append(conversation)
+    if not count:
         raise UsageError(f"--workload {file}: no conversations (a trace holds one JSON object per line)")
-    sha256 = hashlib.sha256(data).hexdigest()
-    return Trace(name=file.stem, conversations=conversations, path=str(file), sha256=sha256, timing=timing)
+    return Trace(name=file.stem, conversations=conversations, count=count, turns=turns, path=str(file),
+                 sha256=digest.hexdigest(), timing=timing)
