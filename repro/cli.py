@@ -185,10 +185,19 @@ def matrix_command(
     cell_reports: bool = typer.Option(True, "--cell-reports/--no-cell-reports", help="Render each run's report.html."),
     executor: str = typer.Option("local", "--executor", help="local: one run after another here; ray: each run a Ray task."),
     ray_address: str | None = typer.Option(None, "--ray-address", help="Ray cluster to use (default: RAY_ADDRESS, else a local Ray)."),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="Print every run's commands, environment (secrets masked), ports, health and confirm "
+        "checks, and what --resume would skip; launch nothing, create nothing."
+    ),
 ) -> None:
     """Restart the deployment for every feature combination, run the same load on each, and name the cause."""
     from repro.matrix.runner import run_matrix
     from repro.matrix.spec import parse_assignments
+
+    if dry_run:
+        from repro.matrix.dryrun import dry_run as print_plan
+
+        raise typer.Exit(print_plan(spec, out=out, resume=resume, variables=parse_assignments(var), executor=executor))
 
     result = run_matrix(
         spec, out=out, resume=resume, keep_going=keep_going, cell_reports=cell_reports, variables=parse_assignments(var),
