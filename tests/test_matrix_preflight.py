@@ -14,7 +14,7 @@ from repro.errors import UsageError
 from repro.matrix.dryrun import dry_run
 from repro.matrix.preflight import preflight
 from repro.matrix.spec import load_spec
-from repro.procs.containers import LABEL, labelled
+from repro.procs.containers import LABEL, in_containers, labelled
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -146,3 +146,11 @@ def test_dry_run_masks_secrets_and_shows_what_resume_skips(tmp_path: Path, monke
     assert not (tmp_path / "m").exists()
     with pytest.raises(UsageError, match="not a matrix directory"):
         dry_run(path, out=tmp_path, resume=True, stream=io.StringIO())
+
+
+def test_a_port_holder_inside_the_launched_container_is_recognised_by_its_cgroup() -> None:
+    cid = "3f2a" * 16
+    assert in_containers(f"0::/system.slice/docker-{cid}.scope\n", [cid])
+    assert in_containers(f"12:memory:/docker/{cid}\n", [cid])
+    assert not in_containers("0::/user.slice/user-0.slice/session-1.scope\n", [cid])
+    assert not in_containers(f"0::/docker/{cid}\n", [])

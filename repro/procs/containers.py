@@ -51,6 +51,41 @@ def labelled(argv: Sequence[str], tag: str, owner: int | str) -> tuple[list[str]
     return [*argv[:at], *labels, *argv[at:]], tag
 
 
+def _ids(docker: str, tag: str, env: dict[str, str] | None, *, full: bool = False) -> list[str]:
+    found = subprocess.run(
+        [docker, "ps", "-aq", *(["--no-trunc"] if full else []), "--filter", f"label={LABEL}={tag}"],
+        capture_output=True, text=True, timeout=DOCKER_TIMEOUT, env=env, check=False,
+    )
+    return found.stdout.split()
+
+
+def in_containers(cgroup: str, ids: list[str]) -> bool:
+    """Whether a process whose /proc/PID/cgroup reads `cgroup` runs in one of the containers `ids` (full ids):
+    docker names the container's cgroup after its id (`/docker/<id>`, `docker-<id>.scope`)."""
+    return any(cid in cgroup for cid in ids if len(cid) >= 12)
+
+
+def owned(tag: str, pids: set[int]) -> set[int]:
+    """Those of `pids` that run inside the container labelled `repro.run=<tag>`: a server in a container
+    (its own process tree, none of the launch's environment) holds the port for the launch."""
+    docker = shutil.which("docker")
+    if docker is None or not pids:
+        return set()
+    try:
+        ids = _ids(docker, tag, None, full=True)
+    except (OSError, subprocess.TimeoutExpired):
+        return set()
+    found = set()
+    for pid in pids:
+        try:
+            cgroup = open(f"/proc/{pid}/cgroup", encoding="ascii", errors="replace").read()
+        except OSError:
+            continue
+        if in_containers(cgroup, ids):
+            found.add(pid)
+    return found
+
+
 def remove(tag: str, *, env: dict[str, str] | None = None) -> list[str]:
     """Remove (`docker rm -f`) every container labelled `repro.run=<tag>`; the ids removed.
 
@@ -60,11 +95,7 @@ def remove(tag: str, *, env: dict[str, str] | None = None) -> list[str]:
     if docker is None:
         return []
     try:
-        found = subprocess.run(
-            [docker, "ps", "-aq", "--filter", f"label={LABEL}={tag}"],
-            capture_output=True, text=True, timeout=DOCKER_TIMEOUT, env=env, check=False,
-        )
-        ids = found.stdout.split()
+        ids = _ids(docker, tag, env)
         if ids:
             subprocess.run([docker, "rm", "-f", *ids], capture_output=True, timeout=DOCKER_TIMEOUT, env=env, check=False)
     except (OSError, subprocess.TimeoutExpired):

@@ -381,6 +381,8 @@ def confirm_listener(process: ManagedProcess, port: int) -> str | None:
         raise TargetError(f"nothing listens on port {port} any more, though {name} answered there")
     holders = _socket_holders(inodes)
     ours = members(process.pgid, process.tag) if process.tag else {process.pid}
+    if process.container is not None:
+        ours |= containers.owned(process.container, set(holders) - ours)
     foreign = sorted(pid for pid in holders if pid not in ours)
     if foreign:
         raise PortTakenError(
