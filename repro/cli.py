@@ -8,12 +8,24 @@ import os
 from pathlib import Path
 
 import typer
+import typer.core
 
 from repro import __version__
 from repro.errors import UsageError, run_main
 
+USER_PATH = ("run", "report", "gate", "matrix", "sweep", "bisect", "probe", "export", "trace", "reanalyse", "schema", "sim")
+"""The order `repro --help` lists the commands in: a user's path from a first run to a culprit, then the tools."""
+
+
+class _UserPathGroup(typer.core.TyperGroup):
+    def list_commands(self, ctx: typer.Context) -> list[str]:
+        names = super().list_commands(ctx)
+        return sorted(names, key=lambda name: USER_PATH.index(name) if name in USER_PATH else len(USER_PATH))
+
+
 app = typer.Typer(
     name="repro",
+    cls=_UserPathGroup,
     help="Reproduce concurrency-dependent tool-call corruption in LLM serving deployments and bisect it to its cause.",
     no_args_is_help=True,
     add_completion=False,
