@@ -154,3 +154,10 @@ def test_a_port_holder_inside_the_launched_container_is_recognised_by_its_cgroup
     assert in_containers(f"12:memory:/docker/{cid}\n", [cid])
     assert not in_containers("0::/user.slice/user-0.slice/session-1.scope\n", [cid])
     assert not in_containers(f"0::/docker/{cid}\n", [])
+
+
+def test_a_spec_read_back_for_analysis_needs_no_files(tmp_path: Path) -> None:
+    # `repro reanalyse` reads the spec.yaml copy in a matrix directory, where neither file is beside it.
+    spec = load_spec(write(tmp_path, SPEC + "  workload: ../elsewhere.yaml\n"), files=False)
+    assert spec.variables["prompts"] == str(tmp_path / "prompts.txt")
+    assert spec.load["workload"] == str(tmp_path.parent / "elsewhere.yaml")

@@ -122,7 +122,7 @@ def _process_lines(launch: ProcessLaunch, plan_: LaunchPlan, mask: _Masker, auto
 
 
 def _run_lines(spec: MatrixSpec, run: PlannedRun, total: int, launch: LaunchPlan, state: str,
-               mask: _Masker, auto_ports: bool) -> list[str]:
+               mask: _Masker, auto_ports: bool, executor: str) -> list[str]:
     levels = ", ".join(f"{factor}={level}" for factor, level in run.cell.levels)
     lines = [f"[{run.order + 1}/{total}] cell {run.cell.name} replicate {run.replicate} ({levels})",
              f"  --resume: {state}",
@@ -137,8 +137,13 @@ def _run_lines(spec: MatrixSpec, run: PlannedRun, total: int, launch: LaunchPlan
     seed = int(spec.load.get("seed", 0)) + run.replicate - 1
     lines.append(f"  load: {mask(launch.url)}/v1, seed {seed}")
     for factor, level in run.cell.levels:
-        for condition in spec.factors[factor].level(level).exercise:
+        chosen = spec.factors[factor].level(level)
+        for condition in chosen.exercise:
             lines.append(f"  exercised when: {condition} ({factor}={level})")
+        if not chosen.confirm:
+            lines.append(f"  not confirmed: {factor}={level} (the level has no confirm keys: the server is not asked)")
+    if executor == "ray":
+        lines.append(f"  resources (--executor ray): {spec.resources.for_cell(run.cell.as_dict())}")
     return lines
 
 
@@ -184,7 +189,7 @@ def dry_run(
     lines = _header(spec, runs, path, executor, mask)
     for run in runs:
         lines.append("")
-        lines += _run_lines(spec, run, len(runs), launches[run.key], states[run.key], mask, auto_ports)
+        lines += _run_lines(spec, run, len(runs), launches[run.key], states[run.key], mask, auto_ports, executor)
     missing = missing_programs(spec, Path(spec_path), {key: plan_ for key, plan_ in launches.items()})
     if missing:
         lines.append("")

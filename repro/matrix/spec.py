@@ -475,8 +475,9 @@ def parse_assignments(items: list[str]) -> dict[str, str]:
     return result
 
 
-def load_spec(path: Path | str, overrides: dict[str, str] | None = None) -> MatrixSpec:
-    """Read and validate a matrix spec; `overrides` replace declared variables (from `--var`)."""
+def load_spec(path: Path | str, overrides: dict[str, str] | None = None, *, files: bool = True) -> MatrixSpec:
+    """Read and validate a matrix spec; `overrides` replace declared variables (from `--var`). `files`: refuse
+    a workload or a relative path that does not exist (not for a spec read back only to analyse its cells)."""
     source = Path(path)
     try:
         text = source.read_text(encoding="utf-8")
@@ -496,7 +497,7 @@ def load_spec(path: Path | str, overrides: dict[str, str] | None = None) -> Matr
     if problems:
         loc, message = problems[0]
         raise UsageError(f"{spec_line(source, lines, loc)}: {'.'.join(map(str, loc)) or '(top level)'}: {message}")
-    _resolve_paths(spec, source, lines)
+    _resolve_paths(spec, source, lines, files=files)
     _validate_load(spec, source, lines)
     if overrides:
         unknown = sorted(set(overrides) - set(spec.variables))
@@ -513,7 +514,7 @@ def is_relative_path(value: str) -> bool:
     return value.startswith(("./", "../")) or value in (".", "..")
 
 
-def _resolve_paths(spec: MatrixSpec, source: Path, lines: dict[tuple, int]) -> None:
+def _resolve_paths(spec: MatrixSpec, source: Path, lines: dict[tuple, int], *, files: bool) -> None:
     """Make the workload and every variable that names a relative path (`./x`, `../x`) absolute from the
     spec's own directory, so a matrix means the same files from any working directory; a named file
     that does not exist is refused here, with its line, before anything starts."""
@@ -521,7 +522,7 @@ def _resolve_paths(spec: MatrixSpec, source: Path, lines: dict[tuple, int]) -> N
     workload = spec.load.get("workload")
     if isinstance(workload, str) and not Path(workload).is_absolute():
         spec.load["workload"] = str((base / workload).resolve())
-    if isinstance(workload, str) and not Path(spec.load["workload"]).is_file():
+    if files and isinstance(workload, str) and not Path(spec.load["workload"]).is_file():
         loc = ("load", "workload")
         raise UsageError(f"{spec_line(source, lines, loc)}: load.workload: {spec.load['workload']} is not a file "
                          f"(a relative path is read from the spec's directory, {base})")
@@ -535,7 +536,7 @@ def _resolve_paths(spec: MatrixSpec, source: Path, lines: dict[tuple, int]) -> N
             if not is_relative_path(value):
                 continue
             path = (base / value).resolve()
-            if not path.exists():
+            if files and not path.exists():
                 loc = (*where, name)
                 raise UsageError(f"{spec_line(source, lines, loc)}: {'.'.join(map(str, loc))}: {value} does not exist "
                                  f"(a relative path is read from the spec's directory, {base})")
