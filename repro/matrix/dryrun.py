@@ -151,9 +151,10 @@ def _header(spec: MatrixSpec, runs: list[PlannedRun], path: Path, executor: str,
     design = spec.design
     cells = len({run.cell for run in runs})
     load = " ".join(f"{k}={mask(str(v))}" for k, v in spec.load.items() if k != "api_key_env") or "(repro run's defaults)"
+    rounds = ", sequential: in rounds, later rounds only for cells still needed" if design.sequential else ""
     lines = [
         f"matrix {spec.name}: {cells} cells x {design.replicates} replicate(s) = {len(runs)} runs, in this order "
-        f"(design seed {design.seed}{', sequential: in rounds, later rounds only for cells still needed' if design.sequential else ''})",
+        f"(design seed {design.seed}{rounds})",
         f"matrix directory: {path} (--dry-run: nothing created, nothing launched)",
         f"executor: {executor}" + (" (every run on this machine)" if executor == "local" else " (each run a Ray task)"),
         f"load of every run: {load}",
@@ -190,7 +191,8 @@ def dry_run(
     for run in runs:
         lines.append("")
         lines += _run_lines(spec, run, len(runs), launches[run.key], states[run.key], mask, auto_ports, executor)
-    missing = missing_programs(spec, Path(spec_path), {key: plan_ for key, plan_ in launches.items()})
+    # Under Ray the commands run on other nodes: this machine's PATH says nothing about theirs.
+    missing = missing_programs(spec, Path(spec_path), launches) if executor == "local" else []
     if missing:
         lines.append("")
         lines += [f"would fail here: {line}" for line in missing]
