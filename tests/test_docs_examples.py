@@ -4,13 +4,14 @@ against the embedded simulator, in a scratch directory per page, so that no exam
 The marker is an HTML comment on the line before the fence (invisible on the rendered page):
 
     <!-- runnable -->                               every command must exit 0
-    <!-- runnable: exit=2 -->                       the block's last command must exit 2 (the others 0)
+    <!-- runnable: exit=2 -->                       every command must exit 2 (examples of errors)
     <!-- runnable: --sessions 60 => --sessions 8 --> run with this substitution (the page says so in its text)
 
 Options are separated by `;`. In a `console` block the commands are the lines after `$ `; in an `sh` block
 every line that is not a comment; a line ending in `\\` continues on the next. A page's blocks run in order
 in one directory that holds the repository's examples/, matrices/ and experiments/, with this checkout's
 `repro` first on PATH. A substitution that matches nothing in its block is a failure too (it went stale).
+In a `console` block, an output line the page shows as `repro: error: …` must be the command's own.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ class Example:
     commands: list[str]
     exit_code: int = 0
     substitutions: list[tuple[str, str]] = field(default_factory=list)
+    errors: list[list[str]] = field(default_factory=list)
+    """Per command, the `repro: error:` lines the page shows after it."""
 
 
 def _options(text: str, where: str) -> tuple[int, list[tuple[str, str]]]:
@@ -59,14 +62,18 @@ def _options(text: str, where: str) -> tuple[int, list[tuple[str, str]]]:
     return exit_code, substitutions
 
 
-def _commands(lang: str, body: list[str]) -> list[str]:
+def _commands(lang: str, body: list[str]) -> tuple[list[str], list[list[str]]]:
+    """The block's commands, and per command the error lines the page shows after it."""
     commands: list[str] = []
+    errors: list[list[str]] = []
     pending = ""
     for raw in body:
         if pending:
             line = raw
         elif lang == "console":
             if not raw.startswith("$ "):
+                if commands and raw.startswith("repro: error:"):
+                    errors[-1].append(raw.strip())
                 continue
             line = raw[2:]
         else:
@@ -77,8 +84,9 @@ def _commands(lang: str, body: list[str]) -> list[str]:
             pending += line.rstrip()[:-1] + " "
             continue
         commands.append(pending + line)
+        errors.append([])
         pending = ""
-    return commands
+    return commands, errors
 
 
 def examples(page: str, text: str) -> list[Example]:
@@ -95,10 +103,10 @@ def examples(page: str, text: str) -> list[Example]:
             raise ValueError(f"{where}: a runnable marker must sit right above a {'/'.join(SHELL_LANGS)} fence")
         end = next(i for i in range(index + 2, len(lines)) if lines[i].startswith("```"))
         exit_code, substitutions = _options(marker.group("options") or "", where)
-        commands = _commands(fence.group("lang"), lines[index + 2:end])
+        commands, errors = _commands(fence.group("lang"), lines[index + 2:end])
         if not commands:
             raise ValueError(f"{where}: a runnable block without a command")
-        found.append(Example(page, index + 2, commands, exit_code, substitutions))
+        found.append(Example(page, index + 2, commands, exit_code, substitutions, errors))
     return found
 
 
@@ -122,14 +130,18 @@ def run_examples(found: list[Example], workdir: Path) -> list[str]:
     for example in found:
         commands = _substituted(example)
         for number, command in enumerate(commands):
-            expected = example.exit_code if number == len(commands) - 1 else 0
             done = subprocess.run(["bash", "-c", command], cwd=workdir, env=env, capture_output=True, text=True,
                                   timeout=COMMAND_TIMEOUT, stdin=subprocess.DEVNULL)
-            if done.returncode != expected:
-                tail = " | ".join(done.stderr.strip().splitlines()[-3:])
+            said = [line.strip() for line in done.stderr.splitlines()]
+            if done.returncode != example.exit_code:
+                tail = " | ".join(said[-3:])
                 failures.append(f"{example.page}:{example.line}: `{command}` exited {done.returncode}, "
-                                f"expected {expected}: {tail}")
+                                f"expected {example.exit_code}: {tail}")
                 break
+            shown = example.errors[number] if example.errors else []
+            for line in (line for line in shown if line not in said):
+                failures.append(f"{example.page}:{example.line}: `{command}` did not say {line!r}; it said "
+                                f"{' | '.join(said[-3:])!r}")
     return failures
 
 
@@ -147,7 +159,8 @@ def test_the_runnable_examples_of_a_page_work(page: Path, tmp_path: Path) -> Non
 
 def test_the_pages_that_must_have_runnable_examples_have_them() -> None:
     pages = {page.name for page in runnable_pages()}
-    assert {"getting-started.md", "replay.md", "deployments.md", "sequential.md", "matrix.md"} <= pages
+    assert {"getting-started.md", "replay.md", "deployments.md", "sequential.md", "matrix.md", "troubleshooting.md",
+            "schema.md"} <= pages
 
 
 def test_a_renamed_flag_makes_the_runner_report_the_example(tmp_path: Path) -> None:
@@ -160,6 +173,18 @@ def test_a_renamed_flag_makes_the_runner_report_the_example(tmp_path: Path) -> N
     assert "--output-file" in failures[0] and "exited 2, expected 0" in failures[0]
 
 
+def test_an_error_message_that_changed_makes_the_runner_report_the_example(tmp_path: Path) -> None:
+    page = """\
+<!-- runnable: exit=2 -->
+```console
+$ repro schema nope
+repro: error: schema: no schema called 'nope'
+```
+"""
+    [failure] = run_examples(examples("p.md", page), tmp_path)
+    assert "did not say \"repro: error: schema: no schema called 'nope'\"" in failure
+
+
 def test_markers_and_their_options_are_read_as_documented() -> None:
     page = """\
 <!-- runnable: --sessions 60 => --sessions 8; exit=1 -->
@@ -168,10 +193,12 @@ $ repro run --sessions 60 \\
     --out reports/x
 output line
 $ repro gate reports/x
+repro: error: it went wrong
 ```
 """
     [example] = examples("p.md", page)
     assert example.commands == ["repro run --sessions 60      --out reports/x", "repro gate reports/x"]
+    assert example.errors == [[], ["repro: error: it went wrong"]]
     assert example.exit_code == 1 and example.substitutions == [("--sessions 60", "--sessions 8")]
     with pytest.raises(ValueError, match="right above"):
         examples("p.md", "<!-- runnable -->\n\ntext\n")
