@@ -8,12 +8,24 @@ import os
 from pathlib import Path
 
 import typer
+import typer.core
 
 from repro import __version__
 from repro.errors import UsageError, run_main
 
+USER_PATH = ("run", "report", "gate", "matrix", "sweep", "bisect", "probe", "export", "trace", "reanalyse", "schema", "sim")
+"""The order `repro --help` lists the commands in: a user's path from a first run to a culprit, then the tools."""
+
+
+class _UserPathGroup(typer.core.TyperGroup):
+    def list_commands(self, ctx: typer.Context) -> list[str]:
+        names = super().list_commands(ctx)
+        return sorted(names, key=lambda name: USER_PATH.index(name) if name in USER_PATH else len(USER_PATH))
+
+
 app = typer.Typer(
     name="repro",
+    cls=_UserPathGroup,
     help="Reproduce concurrency-dependent tool-call corruption in LLM serving deployments and bisect it to its cause.",
     no_args_is_help=True,
     add_completion=False,
@@ -190,10 +202,19 @@ def matrix_command(
     cell_reports: bool = typer.Option(True, "--cell-reports/--no-cell-reports", help="Render each run's report.html."),
     executor: str = typer.Option("local", "--executor", help="local: one run after another here; ray: each run a Ray task."),
     ray_address: str | None = typer.Option(None, "--ray-address", help="Ray cluster to use (default: RAY_ADDRESS, else a local Ray)."),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="Print every run's commands, environment (secrets masked), ports, health and confirm "
+        "checks, and what --resume would skip; launch nothing, create nothing."
+    ),
 ) -> None:
     """Restart the deployment for every feature combination, run the same load on each, and name the cause."""
     from repro.matrix.runner import run_matrix
     from repro.matrix.spec import parse_assignments
+
+    if dry_run:
+        from repro.matrix.dryrun import dry_run as print_plan
+
+        raise typer.Exit(print_plan(spec, out=out, resume=resume, variables=parse_assignments(var), executor=executor))
 
     result = run_matrix(
         spec, out=out, resume=resume, keep_going=keep_going, cell_reports=cell_reports, variables=parse_assignments(var),

@@ -13,7 +13,8 @@ from repro.sim.launch import SimHandle, start_sim
 QUICK_MODULES = frozenset({
     "test_architecture", "test_bisect_core", "test_client_encoding", "test_dsml_depth", "test_dsml_encoding",
     "test_dsml_formats", "test_dsml_linear", "test_dsml_properties", "test_dsml_raw", "test_dsml_rules",
-    "test_dsml_schema", "test_dsml_stream", "test_dsml_turn_rules", "test_matrix_analysis", "test_matrix_spec",
+    "test_dsml_schema", "test_dsml_stream", "test_dsml_turn_rules", "test_help", "test_matrix_analysis",
+    "test_matrix_preflight", "test_matrix_spec",
     "test_run_parts", "test_server_parsers", "test_sim_parts", "test_stats_intervals", "test_stats_power",
     "test_stats_sequential", "test_stats_stratified", "test_stats_twosample", "test_store",
 })

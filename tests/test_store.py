@@ -58,3 +58,13 @@ def test_torn_last_line_is_skipped_but_damage_elsewhere_is_named(tmp_path: Path)
 def test_missing_manifest_is_named(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="no manifest.json"):
         load_run(tmp_path)
+
+
+def test_an_interrupted_summary_counts_the_sessions_it_saved() -> None:
+    from repro.store.summary import summarize
+
+    cut = [SessionRecord(session_id=sid, task="t", outcome="interrupted", start_s=0.0, end_s=1.0, turns=[])
+           for sid in range(60)]
+    summary = summarize(cut, interrupted=True)
+    assert summary.sessions == 60 and summary.counts["interrupted"] == 60
+    assert summary.inconclusive_reasons[0] == "only 0 of 60 sessions completed, 60 interrupted (minimum 20)"

@@ -212,7 +212,8 @@ def probe_command(
     src: Path = typer.Option(Path("."), "--src", help="The checkout to probe (git bisect run's working tree)."),
     build: str | None = BUILD,
     out: Path | None = typer.Option(
-        None, "--out", help="Probe directory (default: reports/<timestamp>-bisect-probe-<rev>/)."
+        None, "--out", help="Probe directory (default: reports/<UTC timestamp>-bisect-probe-<the first 10 characters "
+        "of --src's HEAD>/, under the current directory)."
     ),
     max_rounds: int = MAX_ROUNDS,
     probe: str = typer.Option("fixed", "--probe", help="fixed (one round sized for the range) or sequential (SPRT)."),

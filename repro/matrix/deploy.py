@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from repro.errors import TargetError, UsageError
+from repro.procs import containers
 from repro.procs.logcap import is_capped
 from repro.matrix.design import PlannedRun
 from repro.matrix.infometrics import info_from_metrics
@@ -391,7 +392,9 @@ class CellDeployment:
     def _record(self, name: str, proc: ManagedProcess) -> None:
         # Written before waiting on anything, so a post-mortem (or a test) can find every group we own.
         self._procs.append((name, proc))
-        self._started.append({"name": name, "pid": proc.pid, "pgid": proc.pgid, "argv": proc.argv})
+        self._started.append(
+            {"name": name, "pid": proc.pid, "pgid": proc.pgid, "argv": proc.argv, "container": proc.container}
+        )
         dump_json(self.log_dir / PROCESSES_FILE, self._started)
 
     def _run_hook(self, name: str, argv: list[str]) -> None:
@@ -547,10 +550,12 @@ def stop_stale(log_dir: Path, *, timeout: float = 10.0) -> list[str]:
     """Stop the process groups a killed harness left behind for this cell; returns their names.
 
     A group is only signalled while its leader still runs the recorded command line, so a reused
-    process id is never hit.
+    process id is never hit. A container the entry launched (`docker run`) is removed by its label.
     """
     stopped = []
     for entry in processes_file(log_dir):
+        if entry.get("container") and containers.remove(str(entry["container"])):
+            stopped.append(f"{entry['name']} (container)")
         pgid, argv = int(entry["pgid"]), entry.get("argv")
         try:
             cmdline = Path(f"/proc/{pgid}/cmdline").read_bytes().split(b"\0")[:-1]

@@ -37,7 +37,7 @@ def reanalyse(path: Path, out: Path | None = None) -> tuple[MatrixAnalysis, Path
     variables = recorded.get("variables")
     if not isinstance(variables, dict) or not all(isinstance(v, str) for v in variables.values()):
         raise UsageError(f"reanalyse {root}: {PLAN} is damaged (no variables)")
-    spec = load_spec(spec_file, variables)
+    spec = load_spec(spec_file, variables, files=False)  # its workload need not be beside the copy
     runs = list({r.key: r for r in read_journal(root / PROGRESS, CellRun.model_validate_json)}.values())
     target = Path(out) if out is not None else root / REANALYSIS
     check_output(target / MATRIX_JSON, [], "reanalyse --out")

@@ -41,6 +41,7 @@ from repro.matrix.deploy import stop_stale
 from repro.matrix.design import Cell, PlannedRun, cells, plan
 from repro.matrix.fingerprint import plan_fields, resume_refusal
 from repro.matrix.plan import Plan, PlannedEntry
+from repro.matrix.preflight import preflight
 from repro.matrix.report import write_reports
 from repro.matrix.spec import MatrixSpec, load_spec
 from repro.cluster.rayutil import Executor, check_executor
@@ -69,7 +70,8 @@ class MatrixResult:
 
 
 
-def _finished_summary(run_dir: Path) -> Summary | None:
+def finished_summary(run_dir: Path) -> Summary | None:
+    """The summary of a run that finished (kept by --resume); None for one to run again."""
     file = run_dir / SUMMARY
     if not file.exists():
         return None
@@ -162,7 +164,7 @@ class MatrixRunner:
 
     def _finished(self, run: PlannedRun) -> CellRun | None:
         run_dir = self.path / CELLS / run.key
-        summary = _finished_summary(run_dir)
+        summary = finished_summary(run_dir)
         if summary is None:
             log_dir = self.path / LOGS / run.key
             stale = stop_stale(log_dir)
@@ -312,6 +314,7 @@ def run_matrix(
     if resume and out is None:
         raise UsageError("--resume needs --out: the matrix directory to continue")
     spec = load_spec(spec_path, variables)
+    preflight(spec, Path(spec_path), programs=executor == "local")  # every cell, before a directory or a server
     console = console or Console(stderr=True, highlight=False)
     path = out or default_dir("matrix", spec.name)
     runner = MatrixRunner(

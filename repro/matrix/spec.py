@@ -475,8 +475,9 @@ def parse_assignments(items: list[str]) -> dict[str, str]:
     return result
 
 
-def load_spec(path: Path | str, overrides: dict[str, str] | None = None) -> MatrixSpec:
-    """Read and validate a matrix spec; `overrides` replace declared variables (from `--var`)."""
+def load_spec(path: Path | str, overrides: dict[str, str] | None = None, *, files: bool = True) -> MatrixSpec:
+    """Read and validate a matrix spec; `overrides` replace declared variables (from `--var`). `files`: refuse
+    a workload or a relative path that does not exist (not for a spec read back only to analyse its cells)."""
     source = Path(path)
     try:
         text = source.read_text(encoding="utf-8")
@@ -495,11 +496,8 @@ def load_spec(path: Path | str, overrides: dict[str, str] | None = None) -> Matr
     problems = spec.problems()
     if problems:
         loc, message = problems[0]
-        raise UsageError(f"{_where(source, lines, loc)}: {'.'.join(map(str, loc)) or '(top level)'}: {message}")
-    workload = spec.load.get("workload")
-    if isinstance(workload, str) and not Path(workload).is_absolute():
-        # Relative to the spec, so a matrix runs the same workload from any working directory.
-        spec.load["workload"] = str((source.parent / workload).resolve())
+        raise UsageError(f"{spec_line(source, lines, loc)}: {'.'.join(map(str, loc)) or '(top level)'}: {message}")
+    _resolve_paths(spec, source, lines, files=files)
     _validate_load(spec, source, lines)
     if overrides:
         unknown = sorted(set(overrides) - set(spec.variables))
@@ -511,7 +509,42 @@ def load_spec(path: Path | str, overrides: dict[str, str] | None = None) -> Matr
     return spec
 
 
-def _where(source: Path, lines: dict[tuple, int], loc: tuple) -> str:
+def is_relative_path(value: str) -> bool:
+    """Whether a variable's value names a file relative to the spec (`./x`, `../x`)."""
+    return value.startswith(("./", "../")) or value in (".", "..")
+
+
+def _resolve_paths(spec: MatrixSpec, source: Path, lines: dict[tuple, int], *, files: bool) -> None:
+    """Make the workload and every variable that names a relative path (`./x`, `../x`) absolute from the
+    spec's own directory, so a matrix means the same files from any working directory; a named file
+    that does not exist is refused here, with its line, before anything starts."""
+    base = source.resolve().parent
+    workload = spec.load.get("workload")
+    if isinstance(workload, str) and not Path(workload).is_absolute():
+        spec.load["workload"] = str((base / workload).resolve())
+    if files and isinstance(workload, str) and not Path(spec.load["workload"]).is_file():
+        loc = ("load", "workload")
+        raise UsageError(f"{spec_line(source, lines, loc)}: load.workload: {spec.load['workload']} is not a file "
+                         f"(a relative path is read from the spec's directory, {base})")
+    named: list[tuple[tuple, dict[str, str]]] = [(("variables",), spec.variables)]
+    for fname, factor in spec.factors.items():
+        for lname, level in factor.levels.items():
+            assert level is not None
+            named.append((("factors", fname, "levels", lname, "vars"), level.vars))
+    for where, values in named:
+        for name, value in values.items():
+            if not is_relative_path(value):
+                continue
+            path = (base / value).resolve()
+            if files and not path.exists():
+                loc = (*where, name)
+                raise UsageError(f"{spec_line(source, lines, loc)}: {'.'.join(map(str, loc))}: {value} does not exist "
+                                 f"(a relative path is read from the spec's directory, {base})")
+            values[name] = str(path)
+
+
+def spec_line(source: Path, lines: dict[tuple, int], loc: tuple) -> str:
+    """`spec.yaml:LINE` of the field at `loc`, or of its nearest parent the file has."""
     for cut in range(len(loc), -1, -1):
         if loc[:cut] in lines:
             return f"{source}:{lines[loc[:cut]]}"

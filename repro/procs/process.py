@@ -27,7 +27,7 @@ from typing import IO, Sequence
 import httpx
 
 from repro.errors import TargetError
-from repro.procs import logcap
+from repro.procs import containers, logcap
 from repro.procs.logcap import is_capped, tail_paths
 from repro.procs.reaper import TAG_ENV, members, tagged_pids
 
@@ -91,6 +91,10 @@ class _Reaper:
     def unregister(self, tag: str) -> None:
         self._send(f"- {tag}")
 
+    def container(self, tag: str) -> None:
+        """The launch `tag` is a `docker run`: a sweep also removes the containers labelled with it."""
+        self._send(f"c {tag}")
+
 
 _REAPER = _Reaper()
 
@@ -111,6 +115,7 @@ class ManagedProcess:
         tag: str | None = None,
         grace: float = 10.0,
         writer: subprocess.Popen[bytes] | None = None,
+        container: str | None = None,
     ) -> None:
         self.popen = popen
         self.argv = list(argv)
@@ -121,6 +126,8 @@ class ManagedProcess:
         self.grace = grace
         self.writer = writer
         """The `repro.procs.logcap` process writing a capped log, if any."""
+        self.container = container
+        """For a `docker run`: the `repro.run` label of its container, removed at stop (repro.procs.containers)."""
 
     @property
     def alive(self) -> bool:
@@ -200,6 +207,9 @@ class ManagedProcess:
                     pass
             if self._anything_left():
                 self._signal_group(signal.SIGKILL)
+        if self.container is not None:
+            # The client's end does not stop its container (a SIGKILL is not proxied to it).
+            containers.remove(self.container)
         try:
             code = self.popen.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -240,8 +250,11 @@ def start_process(
         raise ValueError("start_process needs a command")
     tag = uuid.uuid4().hex
     full_env = {**os.environ, **(env or {}), TAG_ENV: tag}
+    cmd, container = containers.labelled(cmd, tag, os.getpid())
     # Registered before the start: a harness killed in between still has the tag swept.
     _REAPER.register(tag, grace)
+    if container is not None:
+        _REAPER.container(tag)
     writer = None
     if log_path is not None:
         Path(log_path).parent.mkdir(parents=True, exist_ok=True)
@@ -273,7 +286,9 @@ def start_process(
         raise TargetError(f"cannot start {cmd[0]!r}: {err.strerror or err}") from None
     finally:
         out.close()
-    proc = ManagedProcess(popen, cmd, Path(log_path) if log_path else None, tag=tag, grace=grace, writer=writer)
+    proc = ManagedProcess(
+        popen, cmd, Path(log_path) if log_path else None, tag=tag, grace=grace, writer=writer, container=container
+    )
     _LIVE.add(proc)
     _REAPER.register(tag, grace, proc.pgid)
     return proc
@@ -366,6 +381,8 @@ def confirm_listener(process: ManagedProcess, port: int) -> str | None:
         raise TargetError(f"nothing listens on port {port} any more, though {name} answered there")
     holders = _socket_holders(inodes)
     ours = members(process.pgid, process.tag) if process.tag else {process.pid}
+    if process.container is not None:
+        ours |= containers.owned(process.container, set(holders) - ours)
     foreign = sorted(pid for pid in holders if pid not in ours)
     if foreign:
         raise PortTakenError(

@@ -1,7 +1,8 @@
 """Stop what a harness started once the harness is gone, however it went (SIGKILL included).
 
 `python -m repro.procs.reaper` reads one line per process group the harness starts (`+ <tag> <grace> <pgid>`,
-sent once before the start with pgid 0 and again once the pgid is known) or has stopped (`- <tag>`)
+sent once before the start with pgid 0 and again once the pgid is known) or has stopped (`- <tag>`),
+and `c <tag>` for a launch that is a `docker run`, whose container (labelled with the tag) it removes too,
 from a pipe whose other end only the harness holds. The
 kernel closes that end when the harness dies, so end-of-file is the parent-death signal: no polling,
 no race with a harness that dies between two checks. Every group still registered is then swept.
@@ -20,6 +21,8 @@ import signal
 import sys
 import time
 from pathlib import Path
+
+from repro.procs import containers
 
 TAG_ENV = "REPRO_PROCESS_TAG"
 PROC = Path("/proc")
@@ -73,8 +76,9 @@ def _signal(pids: set[int], sig: signal.Signals) -> None:
             pass
 
 
-def sweep(groups: dict[str, tuple[float, int]]) -> None:
-    """SIGTERM every member of each tag's launch, wait up to its grace for them to end, then SIGKILL."""
+def sweep(groups: dict[str, tuple[float, int]], docker: set[str] | frozenset[str] = frozenset()) -> None:
+    """SIGTERM every member of each tag's launch, wait up to its grace for them to end, then SIGKILL; then
+    remove the containers of the tags in `docker` (their clients' deaths did not stop them)."""
     pending = {tag: members(pgid, tag) for tag, (_, pgid) in groups.items()}
     for pids in pending.values():
         _signal(pids, signal.SIGTERM)
@@ -84,6 +88,8 @@ def sweep(groups: dict[str, tuple[float, int]]) -> None:
         pending = {tag: members(groups[tag][1], tag) for tag in pending}
     for pids in pending.values():
         _signal(pids, signal.SIGKILL)
+    for tag in docker:
+        containers.remove(tag)
 
 
 def main() -> None:
@@ -91,6 +97,7 @@ def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     registered: dict[str, tuple[float, int]] = {}
+    docker: set[str] = set()
     for line in sys.stdin.buffer:
         op, tag, *rest = line.decode("ascii", errors="replace").split() or ["", ""]
         if op == "+" and len(rest) == 2:
@@ -98,9 +105,12 @@ def main() -> None:
                 registered[tag] = (float(rest[0]), int(rest[1]))
             except ValueError:
                 continue
+        elif op == "c":
+            docker.add(tag)
         elif op == "-":
             registered.pop(tag, None)
-    sweep(registered)
+            docker.discard(tag)
+    sweep(registered, docker & set(registered))
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ def assess_inconclusive(
     max_timeout_fraction: float = MAX_TIMEOUT_FRACTION,
     threshold: float | None = None,
     confidence: float = 0.95,
+    interrupted: int = 0,
 ) -> Inconclusive:
     """Can these counts support a verdict? Inconclusive when any of three things holds.
 
@@ -44,8 +45,11 @@ def assess_inconclusive(
        conclusions: with a `threshold`, whether the one-sided upper bound at `confidence` falls under
        it; without one, whether there was any corruption at all (so 0 corrupt with some timeouts is
        never read as "no corruption").
+
+    `interrupted` sessions (cut short by a Ctrl-C) are counted among those saved, in the first reason only:
+    they are neither completed nor a share of the timeouts.
     """
-    check_nonnegative(clean=clean, corrupt=corrupt, timeout=timeout, error=error)
+    check_nonnegative(clean=clean, corrupt=corrupt, timeout=timeout, error=error, interrupted=interrupted)
     if min_completed < 0:
         raise UsageError(f"min_completed must be at least 0, got {min_completed}")
     if not 0.0 <= max_timeout_fraction <= 1.0:
@@ -58,7 +62,8 @@ def assess_inconclusive(
     completed = clean + corrupt
     reasons: list[str] = []
     if completed < min_completed:
-        reasons.append(f"only {completed} of {total} sessions completed (minimum {min_completed})")
+        cut = f", {interrupted} interrupted" if interrupted else ""
+        reasons.append(f"only {completed} of {total + interrupted} sessions completed{cut} (minimum {min_completed})")
     if total and timeout / total > max_timeout_fraction:
         reasons.append(
             f"{timeout} of {total} sessions ({timeout / total:.0%}) timed out "

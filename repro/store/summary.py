@@ -60,7 +60,8 @@ def summarize(
     clean, corrupt, timeout, error = tally.clean, tally.corrupt, tally.timeout, tally.error
     completed = tally.completed
     worst, best = timeout_bounds(corrupt, clean, timeout)
-    verdict = assess_inconclusive(clean, corrupt, timeout, error, min_completed=min_completed)
+    verdict = assess_inconclusive(clean, corrupt, timeout, error, min_completed=min_completed,
+                                  interrupted=tally.interrupted)
     reasons = list(verdict.reasons)
     if interrupted:
         reasons.append(f"{stop_reason or 'the run was interrupted'} ({tally.interrupted} sessions in flight)")
