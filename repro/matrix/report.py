@@ -56,13 +56,17 @@ def _conditional_diff(conditional: dict) -> str:
     return _points(conditional.get("difference"), conditional.get("diff_low"), conditional.get("diff_high"))
 
 
+def _signed(x: float) -> str:
+    return f"{round(x, 2) + 0.0:+.2f}"  # + 0.0: a -0.004 reads +0.00, not -0.00
+
+
 def _log_odds(effect: Effect) -> str:
     if effect.log_odds is None:
         return "—"
     bounds = (effect.log_odds_low, effect.log_odds_high)
     if None in bounds:  # the profile-likelihood interval did not close on one side
-        return f"{effect.log_odds:+.2f} [" + ", ".join("—" if b is None else f"{b:+.2f}" for b in bounds) + "]"
-    return f"{effect.log_odds:+.2f} [{effect.log_odds_low:+.2f}, {effect.log_odds_high:+.2f}]"
+        return _signed(effect.log_odds) + " [" + ", ".join("—" if b is None else _signed(b) for b in bounds) + "]"
+    return f"{_signed(effect.log_odds)} [{_signed(effect.log_odds_low)}, {_signed(effect.log_odds_high)}]"
 
 
 def _at_baselines(analysis: MatrixAnalysis, effect: Effect) -> str:
