@@ -6,12 +6,14 @@ import atexit
 import gc
 import os
 from pathlib import Path
+from typing import Any
 
 import typer
 import typer.core
 
 from repro import __version__
 from repro.errors import UsageError, run_main
+from repro.run.flags import LOAD_FLAGS
 
 USER_PATH = ("run", "report", "gate", "matrix", "sweep", "bisect", "probe", "export", "trace", "reanalyse", "schema", "sim")
 """The order `repro --help` lists the commands in: a user's path from a first run to a culprit, then the tools."""
@@ -124,27 +126,13 @@ def gate_command(
 
 
 @app.command("run")
+@LOAD_FLAGS.into("load")
 def run_command(
     base_url: str | None = typer.Option(None, "--base-url", help="OpenAI base URL (…/v1); none: the embedded simulator."),
-    model: str | None = typer.Option(None, "--model", help="Model name (default: the first of /v1/models)."),
-    api_key_env: str | None = typer.Option(None, "--api-key-env", help="Environment variable holding the API key."),
     sessions: int | None = typer.Option(None, "--sessions", help="Number of sessions (default: 60)."),
     concurrency: int | None = typer.Option(None, "--concurrency", help="Sessions at once (default: all)."),
-    ramp_up: float | None = typer.Option(None, "--ramp-up", help="Spread session starts over SECONDS (default: 0)."),
-    turns: int | None = typer.Option(None, "--turns", help="Maximum turns per session (default: 12; a trace: every recorded turn)."),
-    timeout: float | None = typer.Option(None, "--timeout", help="Whole-session budget, seconds (default: 180)."),
-    turn_timeout: float | None = typer.Option(None, "--turn-timeout", help="One request's budget, seconds (default: 120)."),
-    stall_timeout: float | None = typer.Option(None, "--stall-timeout", help="No bytes this long: wedged (default: 30)."),
-    max_turn_bytes: int | None = typer.Option(
-        None, "--max-turn-bytes", help="Cut a response longer than this and call the turn an error (default: 64 MiB)."
-    ),
-    workload: Path | None = typer.Option(None, "--workload", help="Workload YAML, or a trace of recorded conversations (.jsonl) to replay (default: experiments/agentic_coding.yaml)."),
-    seed: int | None = typer.Option(None, "--seed", help="Seed of the session tasks (default: 0)."),
     name: str | None = typer.Option(None, "--name", help="Run name (default: the workload's)."),
     out: Path | None = typer.Option(None, "--out", help="Run directory (default: reports/<timestamp>-<name>/)."),
-    stream: bool | None = typer.Option(None, "--stream/--no-stream", help="Stream responses (default: stream)."),
-    extra_body: str | None = typer.Option(None, "--extra-body", help="JSON object merged into every request."),
-    sim_args: str | None = typer.Option(None, "--sim-args", help="More flags for the embedded simulator."),
     max_corruption_rate: float | None = typer.Option(
         None, "--max-corruption-rate", help="Gate the run: exit 1 unless the rate is shown below this."
     ),
@@ -154,41 +142,28 @@ def run_command(
     confidence: float | None = typer.Option(None, "--confidence", help="Confidence of the gate and the stopping rule (default: 0.95)."),
     baseline: Path | None = typer.Option(None, "--baseline", help="With --until-decided: stop once an increase over this finished run is shown, or shown under --margin."),
     margin: float | None = typer.Option(None, "--margin", help="With --baseline: an increase shown under this passes (default: 0.05)."),
-    observe: str | None = typer.Option(
-        None, "--observe", help="Judge raw|parsed|both: the model's raw text, the parsed message, or both (default: both where the target shows raw text)."
-    ),
-    raw_endpoint: str | None = typer.Option(
-        None, "--raw-endpoint", help="Raw text from completions|generate instead of chat logprobs (default: logprobs when they cover tool calls)."
-    ),
-    client_parser: str | None = typer.Option(
-        None, "--client-parser", help="Server parser emulated over a raw endpoint's text (default: sglang-0.5.23)."
-    ),
-    replay: str | None = typer.Option(
-        None, "--replay", help="With a trace (.jsonl) workload: fast (default) or timing (keep the recorded gaps between turns)."
-    ),
     workers: int | None = typer.Option(None, "--workers", help="Shard the sessions across N workers (default: 1, this process alone)."),
     executor: str | None = typer.Option(None, "--executor", help="With --workers: local processes (default) or ray actors."),
     ray_address: str | None = typer.Option(None, "--ray-address", help="With --executor ray: the cluster (default: RAY_ADDRESS, else a local Ray)."),
     worker_resources: str | None = typer.Option(
         None, "--worker-resources", help='With --executor ray: Ray resources per worker, {"CPU": 1} (default) or a list, one per worker.'
     ),
-    pressure: str | None = typer.Option(
-        None, "--pressure", help="auto (or a factor): size each session's own prefix so the sessions at once hold 2 (or FACTOR) device KV pools: evictions and host-tier load-backs."
-    ),
-    config: Path | None = typer.Option(None, "--config", help="YAML file of these options; the command line wins."),
     report: bool = typer.Option(True, "--report/--no-report", help="Render report.html (default: yes; `repro report` renders it later)."),
     control: list[str] | None = typer.Option(
         None, "--control", help="A control arm of the same tasks, after the run: concurrency-1, or "
         "reference=URL[,api-key-env=NAME] (repeatable); control.json says which failing turns fail there too."
     ),
+    *,
+    load: dict[str, Any],  # LOAD_FLAGS: OptionGroup.into fills it
 ) -> None:
     """Drive a deployment with concurrent agentic sessions and classify each as clean, corrupt, timeout or error."""
-    overrides = {key: value for key, value in locals().items() if key not in ("config", "report", "control")}
+    overrides = {key: value for key, value in locals().items() if key not in ("load", "report", "control")}
+    overrides.update({key: value for key, value in load.items() if key != "config"})
     from repro.run.control import parse_control, run_with_controls
     from repro.run.options import RunOptions
 
     arms = [parse_control(text) for text in control or []]
-    result = run_with_controls(RunOptions.from_sources(config, overrides), arms, report=report)
+    result = run_with_controls(RunOptions.from_sources(load["config"], overrides), arms, report=report)
     raise typer.Exit(result.exit_code)
 
 
@@ -224,48 +199,48 @@ def matrix_command(
 
 
 @app.command("sweep")
+@LOAD_FLAGS.into("load")
 def sweep_command(
     concurrency: str = typer.Option("1,8,16,32,60", "--concurrency", help="Levels: 1,8,16,32,60 or a range 1-64:x2 / 8-64:+8."),
-    sessions: int = typer.Option(60, "--sessions", help="Sessions per level."),
+    sessions: int | None = typer.Option(
+        None, "--sessions", help="Sessions per level, at least the highest level (default: 60, or --config's)."
+    ),
     base_url: str | None = typer.Option(None, "--base-url", help="OpenAI base URL (…/v1); none: one embedded simulator for all levels."),
-    sim_args: str | None = typer.Option(None, "--sim-args", help="More flags for the embedded simulator."),
     spec: Path | None = typer.Option(None, "--spec", help="Launch this matrix spec's deployment (once) for --cell."),
     cell: list[str] = typer.Option([], "--cell", help="With --spec: FACTOR=LEVEL for every factor (repeatable)."),
     var: list[str] = typer.Option([], "--var", help="With --spec: set a spec variable, NAME=VALUE (repeatable)."),
     out: Path | None = typer.Option(None, "--out", help="Sweep directory (default: reports/<timestamp>-sweep/)."),
     confidence: float = typer.Option(0.95, "--confidence", help="Confidence of the intervals; 1 minus the tests' alpha."),
-    timeout: float | None = typer.Option(None, "--timeout", help="Whole-session budget, seconds (default: 180)."),
-    workload: Path | None = typer.Option(None, "--workload", help="Workload YAML (default: experiments/agentic_coding.yaml)."),
-    seed: int | None = typer.Option(None, "--seed", help="Seed of the session tasks (default: 0)."),
-    api_key_env: str | None = typer.Option(None, "--api-key-env", help="Environment variable holding the API key."),
     executor: str = typer.Option("local", "--executor", help="local: here; ray: the whole sweep as one Ray task on one node."),
     ray_address: str | None = typer.Option(None, "--ray-address", help="Ray cluster to use (default: RAY_ADDRESS, else a local Ray)."),
     resources: str | None = typer.Option(
         None, "--resources", help="With --executor ray: what the sweep asks of the cluster, JSON, e.g. "
         "'{\"GPU\": 8}' (default: --spec's resources for --cell, else one CPU)."
     ),
+    *,
+    load: dict[str, Any],  # LOAD_FLAGS: OptionGroup.into fills it
 ) -> None:
     """Run the same workload at several concurrencies on one deployment; report the corruption onset."""
-    import shlex
-
     from repro.matrix.spec import parse_assignments
+    from repro.sweep.options import sweep_load
     from repro.sweep.runner import SpecDeployment, parse_levels, ray_sweep, run_sweep
 
     if (cell or var) and spec is None:
         raise UsageError("--cell and --var choose a matrix spec's deployment: give --spec too")
-    options = {"timeout": timeout, "workload": workload, "seed": seed, "api_key_env": api_key_env}
     try:
         cells = parse_assignments(cell)
     except UsageError as err:
         raise UsageError(str(err).replace("--var", "--cell", 1)) from None
     target = SpecDeployment(spec, cells, parse_assignments(var)) if spec is not None else None
     levels = parse_levels(concurrency)
-    placement = ray_sweep(executor, ray_address=ray_address, resources=resources, base_url=base_url, spec=target)
+    given = sweep_load(sessions=sessions, base_url=base_url, load=load)
+    placement = ray_sweep(executor, ray_address=ray_address, resources=resources, base_url=given.base_url, spec=target)
     run_sweep(
-        levels, sessions=sessions, out=out, base_url=base_url,
-        sim_args=shlex.split(sim_args or ""), spec=target, confidence=confidence,
-        run_options={key: value for key, value in options.items() if value is not None}, placement=placement,
+        levels, sessions=given.sessions, out=out, base_url=given.base_url, sim_args=given.sim_args, spec=target,
+        confidence=confidence, run_options=given.run_options, placement=placement,
     )
+
+
 @app.command("export")
 def export_command(
     run_dir: Path = typer.Argument(..., help="The run directory to export."),

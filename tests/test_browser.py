@@ -9,6 +9,8 @@ autoescaping alone must hold; the screenshot is of the report as shipped.
 
 from __future__ import annotations
 
+import json
+import re
 import shutil
 import subprocess
 from html.parser import HTMLParser
@@ -18,7 +20,7 @@ import pytest
 
 from repro.procs.process import ManagedProcess
 from repro.report import render_report
-from run_builders import SENTINEL, make_run
+from run_builders import SENTINEL, make_run, run_main
 
 pytestmark = pytest.mark.slow
 
@@ -67,12 +69,12 @@ def chromium() -> str:
     return found
 
 
-def browse(url: str, profile: Path, *mode: str, height: int = 1400) -> str:
+def browse(url: str, profile: Path, *mode: str, height: int = 1400, width: int = 1280) -> str:
     """Run headless Chromium once on `url` in its own process group; its stdout (the DOM for --dump-dom)."""
     argv = [
         chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-        "--disable-extensions", f"--user-data-dir={profile}", f"--window-size=1280,{height}", *mode, url,
+        "--disable-extensions", f"--user-data-dir={profile}", f"--window-size={width},{height}", *mode, url,
     ]
     popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                              start_new_session=True)
@@ -127,3 +129,79 @@ def test_hostile_model_output_is_shown_as_text_and_never_runs(tmp_path: Path) ->
     humans = Path(__file__).resolve().parents[1] / "reports" / "browser-test.png"
     humans.parent.mkdir(exist_ok=True)
     shutil.copyfile(shot, humans)
+
+
+SCREEN_WIDTH = 1366
+"""The narrowest common laptop screen: every report must fit it without scrolling sideways."""
+CSP = re.compile(r'<meta http-equiv="Content-Security-Policy"[^>]*>')
+MEASURE = """<script>
+const width = window.innerWidth, wide = [];
+const scrolls = (el) => { for (let p = el.parentElement; p; p = p.parentElement) {
+  if (["auto", "scroll", "hidden"].includes(getComputedStyle(p).overflowX)) return true; } return false; };
+for (const el of document.body.querySelectorAll("*")) {
+  const box = el.getBoundingClientRect();
+  if (box.right > width + 1 && !scrolls(el)) wide.push(el.tagName.toLowerCase() + "." + el.className + " " + Math.round(box.right));
+}
+document.title = JSON.stringify({scroll: document.documentElement.scrollWidth, width: width,
+                                 height: document.documentElement.scrollHeight, wide: wide.slice(0, 10)});
+</script></body>"""
+MAX_SHOT_HEIGHT = 12_000
+
+
+def layout(page: Path, profile: Path) -> dict:
+    """The page's width against the viewport's at SCREEN_WIDTH, and the elements that stick out of it
+    (not counting those inside a scrolling box), measured by a script in a copy without the page's policy."""
+    measured = page.with_name(page.stem + "-measured.html")
+    measured.write_text(CSP.sub("", page.read_text(encoding="utf-8")).replace("</body>", MEASURE), encoding="utf-8")
+    title = Dom(browse(measured.as_uri(), profile, "--dump-dom", width=SCREEN_WIDTH, height=900)).title
+    return json.loads(title)
+
+
+def _matrix_spec(tmp_path: Path) -> Path:
+    """The shipped simulator matrix at a test's size: one replicate of 8 sessions a cell under pressure. Edited as text:
+    YAML 1.1 would read its levels `off:` and `on:` back as booleans."""
+    root = Path(__file__).resolve().parents[1]
+    text = (root / "matrices" / "sim_hicache_bf16.yaml").read_text(encoding="utf-8")
+    for old, new in (("workload: ../experiments/", f"workload: {root}/experiments/"), ("sessions: 32", "sessions: 8"),
+                     ("concurrency: 32", "concurrency: 8"), ("replicates: 2", "replicates: 1"),
+                     ("min_completed: 40", "min_completed: 8"),
+                     # Few sessions hold too little to make HiCache evict and load back: each gets a long document.
+                     ("stall_timeout: 30", "stall_timeout: 30\n  pressure: auto")):
+        assert old in text, old
+        text = text.replace(old, new)
+    path = tmp_path / "matrix.yaml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_every_report_kind_fits_a_laptop_screen(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Run, matrix, sweep and bisect reports from real runs on the simulator (virtual clock: the same faults
+    at any machine load), each screenshot at 1,366 px and checked for horizontal overflow."""
+    virtual = "--clock virtual --final-after-turns 10"
+    commands = {
+        "run": (["run", "--sim-args", "--clock virtual", "--sessions", "40", "--turns", "4"], "report.html"),
+        "sweep": (["sweep", "--sim-args", virtual, "--concurrency", "1,4", "--sessions", "4", "--turns", "14"],
+                  "sweep.html"),
+        "matrix": (["matrix", str(_matrix_spec(tmp_path)), "--var", "clock=virtual", "--no-cell-reports"],
+                   "report.html"),
+        "bisect": (["bisect", "flags", "--good", f"{virtual} --index-k-dtype bf16 /",
+                    "--bad", f"{virtual} --enable-hierarchical-cache --index-k-dtype bf16 /",
+                    "--sessions", "16", "--max-rounds", "1", "--turns", "14", "--good-rate", "0.02"], "report.html"),
+    }
+    screens = Path(__file__).resolve().parents[1] / "reports" / "screens"
+    screens.mkdir(parents=True, exist_ok=True)
+    for kind, (argv, page) in commands.items():
+        out = tmp_path / kind
+        code, stdout, err = run_main(capsys, *argv, "--out", str(out))
+        assert code in (0, 1), f"{kind}: exit {code}\n{stdout[-2000:]}{err[-2000:]}"
+        html = out / page
+        measured = layout(html, tmp_path / f"profile-{kind}")
+        assert measured["scroll"] <= measured["width"] == SCREEN_WIDTH, (kind, measured)
+        assert measured["wide"] == [], (kind, measured)
+        shot = tmp_path / f"{kind}.png"
+        browse(html.as_uri(), tmp_path / f"shot-{kind}", f"--screenshot={shot}", "--hide-scrollbars",
+               width=SCREEN_WIDTH, height=min(measured["height"], MAX_SHOT_HEIGHT))
+        assert shot.stat().st_size > 10_000, kind
+        shutil.copyfile(shot, screens / f"{kind}.png")
+    # The run report shows a corrupt turn's raw text beside its parsed message (virtual clock: seed 0 corrupts).
+    assert '<div class="side-by-side">' in (tmp_path / "run" / "report.html").read_text(encoding="utf-8")

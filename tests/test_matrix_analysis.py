@@ -4,6 +4,7 @@ fractional designs, and the reports rendered from it."""
 from __future__ import annotations
 
 import json
+import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Callable
@@ -240,3 +241,34 @@ def test_a_level_that_never_acted_is_not_exercised_rather_than_without_effect() 
                                                              "index_k": "no detectable effect"}
     assert verdicts(analyse(spec, runs(4096.0), order, 8)) == {"hicache": "no detectable effect",
                                                                "index_k": "no detectable effect"}
+
+
+def test_the_matrix_report_agrees_with_itself(tmp_path: Path) -> None:
+    """Cells are not held to the arms' minimum; every "no detectable effect" states its power; a widening
+    shows the within-cause counts the verdict names and the pooled ones; a log-odds says where it is measured."""
+    spec = make_spec(["hicache", "index_k"], labels={"hicache": "HiCache", "index_k": "index-K"},
+                     design={"min_completed": 40, "replicates": 1})
+    analysis = analyse_counts(spec, hicache_story)  # 30 sessions per cell, 60 per arm
+    assert verdicts(analysis) == {"hicache": "causes", "index_k": "widens"}
+    assert not any(cell.inconclusive for cell in analysis.cells), [cell.reasons for cell in analysis.cells]
+    for effect in (*analysis.timeouts, *analysis.wedges, *analysis.interactions):
+        if effect.verdict == "no detectable effect":
+            assert effect.power is not None, effect.label
+    index_k = analysis.factors[1]
+    within, pooled = index_k.conditional, index_k
+    assert (within["treated"]["k"], within["treated"]["n"]) == (11, 30)
+    assert (pooled.treated.k, pooled.treated.n) == (11, 60)
+    assert "with HiCache on, 11/30 vs 3/30 sessions" in analysis.verdict
+    assert "over every HiCache level: 11/60 vs 3/60 sessions" in analysis.verdict
+    html = write_reports(tmp_path, analysis, list(spec.factors), []).html.read_text(encoding="utf-8")
+    assert "minimum 40" not in html and "cell caveats" in html
+    row = html[html.index("index-K bf16 vs fp8"):]
+    row = row[:row.index("</tr>")]
+    assert "<td>11/30<br><small>all: 11/60</small></td>" in row and "<td>3/30<br><small>all: 3/60</small></td>" in row
+    # Its log-odds is the regression's term at HiCache off, where neither arm corrupted: said so beside it.
+    assert "at hicache off: 0/30 vs 0/30" in row
+    nulls = [row for row in html.split("<tr>") if "no detectable effect" in row]
+    assert nulls
+    for row in nulls:  # the power column, second to last, is a number
+        cells = re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)
+        assert re.fullmatch(r"0\.\d\d|1\.00", cells[-2]), row

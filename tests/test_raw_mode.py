@@ -399,7 +399,9 @@ def _hidden_run(path: Path) -> Path:
                     end=at + len("</｜DSML｜invoke>"),
                     excerpt=text[at : at + 15],
                     severity="hard",
-                )
+                ),
+                # On the faithful parse's content ("Looking."): placed in the raw text by its excerpt.
+                FindingRecord(rule="wrapper-tag", field="content", start=0, end=7, excerpt="Looking.", severity="hard"),
             ],
         ),
         TurnRecord(
@@ -444,6 +446,28 @@ def test_the_report_shows_both_verdicts_and_the_hidden_share_escaped(
     assert "The server&#39;s parser hid the damage of 1 of 1 sessions" in html
     markdown = (tmp_path / "r.md").read_text()
     assert "| both | 1/1 = 100% | 0/0 = — |" in markdown and "<script" not in markdown
+
+
+def test_a_corrupt_turn_shows_raw_text_and_parsed_message_side_by_side(tmp_path: Path) -> None:
+    from repro.report import render_report
+
+    run = _hidden_run(tmp_path / "run")
+    html = render_report([run], tmp_path / "report.html").html.read_text(encoding="utf-8")
+    assert html.count('<div class="side-by-side">') == 1  # the corrupt turn only
+    side = html[html.index('<div class="side-by-side">'):html.index('class="muted legend"')]
+    raw, parsed = side.split("Parsed message: what the server's parser returned")
+    # The raw column: the rebuilt text, what the parser hid marked as such, the hostile text escaped.
+    assert "marked spans hidden by the server's parser" in raw
+    assert '<mark class="hidden" title="raw-orphan-closer">&lt;/｜DSML｜invoke&gt;</mark>' in raw
+    assert '<mark class="hidden" title="wrapper-tag">Looking</mark>' in raw
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in raw and HOSTILE not in html
+    # The parsed column: the message the server returned, field by field, and nothing of the raw markup.
+    assert "<code>content</code></p><pre class=\"marked\">Looking.</pre>" in parsed and "DSML" not in parsed
+    # The file is linked: no finding may say it is missing.
+    assert "not on disk" not in html and "raw/s0000-t00.txt" in html
+    assert "hard in the raw text (<code>content</code> of a faithful parse of it)</p>" in html
+    # DSML's fullwidth bars carry their own font, allowed by the page's policy.
+    assert "unicode-range: U+FF5C" in html and "font-src data:;" in html
 
 
 def test_run_directories_from_before_raw_mode_still_load(tmp_path: Path) -> None:

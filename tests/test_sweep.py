@@ -138,3 +138,34 @@ def test_sigint_stops_the_sweep_and_keeps_finished_levels(faulty: str, tmp_path:
     assert proc.returncode == EXIT_INTERRUPTED, stdout + err
     assert "sweep interrupted at concurrency 2" in err and "Traceback" not in err, stdout + err
     assert (out / "c001" / "summary.json").exists() and not (out / "sweep.json").exists()
+
+
+def test_sweep_takes_runs_load_options_and_config(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    config = tmp_path / "run.yaml"
+    config.write_text("sessions: 4\nconcurrency: 2\nturns: 3\nturn_timeout: 50\nstall_timeout: 20\n"
+                      "sim_args: '--clock virtual'\n", encoding="utf-8")
+    out = tmp_path / "sweep"
+    code, stdout, err = run_main(capsys, "sweep", "--config", str(config), "--concurrency", "1,4", "--out", str(out),
+                                 "--model", "deepseek-ai/DeepSeek-V4", "--stall-timeout", "25")
+    assert code == 0, stdout + err
+    for level in (1, 4):
+        options = json.loads((out / f"c{level:03d}" / "manifest.json").read_text())["options"]
+        # The level's own concurrency (not the config's 2), the config's load, the command line over the config.
+        assert (options["concurrency"], options["sessions"], options["turns"]) == (level, 4, 3)
+        assert (options["turn_timeout"], options["stall_timeout"]) == (50.0, 25.0)
+        assert options["model"] == "deepseek-ai/DeepSeek-V4"
+    assert "--clock virtual" in json.loads((out / "sweep.json").read_text())["target"]
+    # Each level shows the run's own view: its final table, ending with the level's run directory.
+    assert stdout.count("Run directory: ") == 2 and "Sessions" in stdout
+
+
+def test_sweep_refuses_a_level_above_its_sessions(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, stdout, err = run_main(capsys, "sweep", "--concurrency", "1,60", "--sessions", "30",
+                                 "--out", str(tmp_path / "s"))
+    assert code == 2 and not (tmp_path / "s").exists()
+    assert err.strip().count("\n") == 0 and "--sessions 30 is below concurrency 60" in err, err
+    config = tmp_path / "gate.yaml"
+    config.write_text("max_corruption_rate: 0.1\n", encoding="utf-8")
+    code, _, err = run_main(capsys, "sweep", "--config", str(config), "--concurrency", "1,2", "--sessions", "2",
+                            "--out", str(tmp_path / "s"))
+    assert code == 2 and "max_corruption_rate is a single run's option" in err and not (tmp_path / "s").exists()

@@ -168,7 +168,9 @@ def _cells(spec: MatrixSpec, runs: list[CellRun], order: list[tuple[tuple[str, s
             counts.corrupt,
             counts.timeout,
             counts.error,
-            min_completed=spec.design.min_completed,
+            # The factors' tests pool the cells of each level, and `min_completed` applies to those
+            # pooled arms (_adequacy): a cell is held back only by what the tests take from it alone.
+            min_completed=1,
             max_timeout_fraction=spec.design.max_timeout_fraction,
         )
         results.append(
@@ -520,10 +522,14 @@ def _judge_secondary(spec: MatrixSpec, effects: list[Effect]) -> None:
         elif _significant(effect, spec.design.alpha):
             effect.verdict = "causes" if _direction(effect) > 0 else "reduces"
         else:
+            effect.power = _power(spec, effect)
             effect.verdict = "no detectable effect"
 
 
-def _interactions(spec: MatrixSpec, fitted: dict[str, FirthTerm] | None, baseline: dict[str, str]) -> list[Effect]:
+def _interactions(
+    spec: MatrixSpec, fitted: dict[str, FirthTerm] | None, baseline: dict[str, str],
+    totals: dict[tuple[tuple[str, str], ...], OutcomeCounts],
+) -> list[Effect]:
     if not fitted:
         return []
     effects = []
@@ -552,6 +558,15 @@ def _interactions(spec: MatrixSpec, fitted: dict[str, FirthTerm] | None, baselin
             )
         )
     _judge_secondary(spec, effects)  # the sign is the log-odds'
+    for effect in effects:
+        if effect.verdict == "no detectable effect":
+            # An interaction is a difference of effects; detecting it takes at least what detecting the
+            # second factor's effect within the first's level takes, so that power bounds it from above.
+            (fa, la), (fb, lb) = (part.split("=", 1) for part in effect.term.split("×"))
+            within = _effect(spec, totals, (fb, lb, baseline[fb]), "corruption", None, {fa: la})
+            effect.power = _power(spec, within)
+            effect.reasons.append(f"power at most that of {spec.label(fb)} {lb} vs {baseline[fb]} within "
+                                  f"{spec.label(fa)} {la} ({_arms(within)})")
     return effects
 
 
@@ -578,7 +593,8 @@ def verdict_paragraph(spec: MatrixSpec, analysis: MatrixAnalysis) -> str:
             cond = effect.conditional
             sentences.append(
                 f"{name} widens it: with {cond['within']}, {cond['treated']['k']}/{cond['treated']['n']} vs "
-                f"{cond['reference']['k']}/{cond['reference']['n']} sessions ({_fmt_p(cond['p_adjusted'])})."
+                f"{cond['reference']['k']}/{cond['reference']['n']} sessions ({_fmt_p(cond['p_adjusted'])}; "
+                f"over every {spec.label(effect.widens or '')} level: {_arms(effect)})."
             )
         elif effect.verdict == "reduces":
             sentences.append(f"{name} reduces corruption: {_arms(effect)} ({_fmt_p(effect.p_adjusted)}).")
@@ -643,7 +659,7 @@ def analyse(
         baseline=baseline,
         cells=_cells(spec, runs, order),
         factors=factors,
-        interactions=_interactions(spec, fitted, baseline),
+        interactions=_interactions(spec, fitted, baseline, totals),
         timeouts=timeouts,
         wedges=wedges,
         verdict="",

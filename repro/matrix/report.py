@@ -40,13 +40,24 @@ def _p(p: float | None) -> str:
     return f"{p:.2g}" if p >= 0.0001 else "<0.0001"
 
 
-def _diff(effect: Effect) -> str:
-    if effect.difference is None:
+def _points(difference: float | None, low: float | None, high: float | None) -> str:
+    if difference is None:
         return "—"
-    interval = ""
-    if effect.diff_low is not None and effect.diff_high is not None:
-        interval = f" [{100 * effect.diff_low:+.1f}, {100 * effect.diff_high:+.1f}]"
-    return fmt_points(effect.difference) + interval
+    interval = f" [{100 * low:+.1f}, {100 * high:+.1f}]" if low is not None and high is not None else ""
+    return fmt_points(difference) + interval
+
+
+def _diff(effect: Effect) -> str:
+    return _points(effect.difference, effect.diff_low, effect.diff_high)
+
+
+def _conditional_diff(conditional: dict) -> str:
+    """A widening's difference within the cause's level."""
+    return _points(conditional.get("difference"), conditional.get("diff_low"), conditional.get("diff_high"))
+
+
+def _signed(x: float) -> str:
+    return f"{round(x, 2) + 0.0:+.2f}"  # + 0.0: a -0.004 reads +0.00, not -0.00
 
 
 def _log_odds(effect: Effect) -> str:
@@ -54,8 +65,26 @@ def _log_odds(effect: Effect) -> str:
         return "—"
     bounds = (effect.log_odds_low, effect.log_odds_high)
     if None in bounds:  # the profile-likelihood interval did not close on one side
-        return f"{effect.log_odds:+.2f} [" + ", ".join("—" if b is None else f"{b:+.2f}" for b in bounds) + "]"
-    return f"{effect.log_odds:+.2f} [{effect.log_odds_low:+.2f}, {effect.log_odds_high:+.2f}]"
+        return _signed(effect.log_odds) + " [" + ", ".join("—" if b is None else _signed(b) for b in bounds) + "]"
+    return f"{_signed(effect.log_odds)} [{_signed(effect.log_odds_low)}, {_signed(effect.log_odds_high)}]"
+
+
+def _at_baselines(analysis: MatrixAnalysis, effect: Effect) -> str:
+    """Where a regression with interaction terms measures a main effect: the other factors at their
+    baselines. Its log-odds is that comparison's, which the pooled difference beside it need not match,
+    so the row shows the counts it rests on."""
+    if not analysis.interactions or effect.log_odds is None or effect.factor not in analysis.baseline:
+        return ""
+    others = {f: lv for f, lv in analysis.baseline.items() if f != effect.factor}
+    arms = {effect.level: [0, 0], effect.baseline: [0, 0]}
+    for cell in analysis.cells:
+        level = cell.levels.get(effect.factor)
+        if level in arms and all(cell.levels.get(f) == lv for f, lv in others.items()):
+            arms[level][0] += cell.counts.corrupt
+            arms[level][1] += cell.counts.completed
+    where = ", ".join(f"{f} {lv}" for f, lv in others.items())
+    (kt, nt), (kr, nr) = arms[effect.level], arms[effect.baseline]
+    return f"at {where}: {kt}/{nt} vs {kr}/{nr}"
 
 
 def _rate(cell: CellResult) -> str:
@@ -113,21 +142,29 @@ alpha {{ a.alpha }}, {{ a.correction }}-adjusted. Baseline:
 {% if stopping %}<h2>Sequential design</h2><ul>{% for line in stopping %}<li>{{ line }}</li>{% endfor %}</ul>{% endif %}
 <h2>Cells</h2>
 <table><tr>{% for f in factors %}<th class="l">{{ f }}</th>{% endfor %}<th>runs</th><th>clean</th><th>corrupt</th>
-<th>timeout</th><th>error</th><th>wedged</th><th>corruption rate (95% CI)</th><th class="l">inconclusive</th><th class="l">run reports</th></tr>
+<th>timeout</th><th>error</th><th>wedged</th><th>corruption rate (95% CI)</th><th class="l">cell caveats</th><th class="l">run reports</th></tr>
 {% for c in a.cells %}<tr>{% for f in factors %}<td class="l">{{ c.levels[f] }}</td>{% endfor %}
 <td>{{ c.runs }}{% if c.failed %} (+{{ c.failed }} failed){% endif %}</td><td>{{ c.counts.clean }}</td><td>{{ c.counts.corrupt }}</td>
 <td>{{ c.counts.timeout }}</td><td>{{ c.counts.error }}</td><td>{{ c.counts.wedged }}</td><td>{{ rate(c) }}</td>
 <td class="l">{{ c.reasons | join("; ") }}</td>
 <td class="l">{% for d in c.run_dirs %}{% if d in reported %}<a href="{{ d }}/{{ run_report }}">{{ d.split("/")[-1] }}</a>{% else %}{{ d.split("/")[-1] }}{% endif %} {% endfor %}</td></tr>
 {% endfor %}</table>
+<p class="note">Each factor is judged on its levels' cells pooled (replicates included): the design's minimum of completed
+sessions applies to those pooled arms, and a factor's notes say when one falls short. A cell's caveats are what the
+tests take from that cell alone (its timeouts).</p>
 {% if plot %}<h2>{{ plot.title }}</h2><img src="{{ plot.data_uri }}" alt="{{ plot.alt }}">{% endif %}
 {% for title, rows in tables %}{% if rows %}
 <h2>{{ title }}</h2>
 <table><tr><th class="l">comparison</th><th class="l">verdict</th><th>level</th><th>baseline</th><th>difference [95% CI]</th>
-<th>Firth log-odds [95% CI]</th><th>p</th><th>adjusted p</th><th class="l">test</th><th>power (10 pts)</th><th class="l">notes</th></tr>
-{% for e in rows %}<tr><td class="l">{{ e.label }}</td><td class="l {{ e.verdict.split()[0] }}">{{ e.verdict }}{% if e.widens %} ({{ e.conditional.within }}){% endif %}</td>
-<td>{{ e.treated.k }}/{{ e.treated.n }}</td><td>{{ e.reference.k }}/{{ e.reference.n }}</td><td>{{ diff(e) }}</td>
-<td>{{ log_odds(e) }}</td><td>{{ p(e.p) }}</td><td>{{ p(e.p_adjusted) }}</td><td class="l">{{ e.test }}</td>
+<th>Firth log-odds [95% CI]{% if rows | map(attribute="log_odds") | reject("none") | list and rows[0].factor in a.baseline and a.interactions %}<br><small>other factors at baseline</small>{% endif %}</th><th>p</th><th>adjusted p</th><th class="l">test</th><th>power (10 pts)</th><th class="l">notes</th></tr>
+{% for e in rows %}{% set c = e.conditional if e.widens else none %}<tr><td class="l">{{ e.label }}</td><td class="l {{ e.verdict.split()[0] }}">{{ e.verdict }}{% if e.widens %} ({{ c.within }}){% endif %}</td>
+{% if c %}<td>{{ c.treated.k }}/{{ c.treated.n }}<br><small>all: {{ e.treated.k }}/{{ e.treated.n }}</small></td>
+<td>{{ c.reference.k }}/{{ c.reference.n }}<br><small>all: {{ e.reference.k }}/{{ e.reference.n }}</small></td>
+<td>{{ cdiff(c) }}<br><small>all: {{ diff(e) }}</small></td>
+{% elif e.factor not in a.baseline %}<td>—</td><td>—</td><td>{{ diff(e) }}</td>{# an interaction: a regression term, no arms #}
+{% else %}<td>{{ e.treated.k }}/{{ e.treated.n }}</td><td>{{ e.reference.k }}/{{ e.reference.n }}</td><td>{{ diff(e) }}</td>{% endif %}
+<td>{{ log_odds(e) }}{% if at_baselines(e) %}<br><small>{{ at_baselines(e) }}</small>{% endif %}</td>
+<td>{{ p(c.p if c else e.p) }}</td><td>{{ p(c.p_adjusted if c else e.p_adjusted) }}</td><td class="l">{{ e.test }}</td>
 <td>{{ "%.2f" % e.power if e.power is not none else "—" }}</td><td class="l">{{ e.reasons | join("; ") }}</td></tr>
 {% endfor %}</table>{% endif %}{% endfor %}
 {% if failed %}<h2>Failed runs</h2>
@@ -167,6 +204,8 @@ def render_html(analysis: MatrixAnalysis, factors: list[str], runs: list[CellRun
         rate=_rate,
         diff=_diff,
         log_odds=_log_odds,
+        at_baselines=lambda effect: _at_baselines(analysis, effect),
+        cdiff=_conditional_diff,
         p=_p,
     )
 
@@ -182,10 +221,18 @@ def render_markdown(analysis: MatrixAnalysis, factors: list[str], runs: list[Cel
     if analysis.factors:
         lines += ["", "| factor | verdict | level | baseline | difference | adjusted p |", "|---|---|---|---|---|---|"]
         for e in analysis.factors:
-            lines.append(
-                f"| {md_escape(e.label)} | {md_escape(e.verdict)} | {e.treated.k}/{e.treated.n} | "
-                f"{e.reference.k}/{e.reference.n} | {md_escape(_diff(e))} | {md_escape(_p(e.p_adjusted))} |"
-            )
+            treated, reference = f"{e.treated.k}/{e.treated.n}", f"{e.reference.k}/{e.reference.n}"
+            diff, adjusted = _diff(e), _p(e.p_adjusted)
+            verdict = e.verdict
+            if e.widens and e.conditional:
+                # The counts the verdict names (within the cause's level), then the pooled ones.
+                c = e.conditional
+                verdict = f"{e.verdict} ({c['within']})"
+                treated = f"{c['treated']['k']}/{c['treated']['n']} (all: {treated})"
+                reference = f"{c['reference']['k']}/{c['reference']['n']} (all: {reference})"
+                diff, adjusted = f"{_conditional_diff(c)} (all: {diff})", _p(c["p_adjusted"])
+            lines.append(f"| {md_escape(e.label)} | {md_escape(verdict)} | {treated} | {reference} | "
+                         f"{md_escape(diff)} | {md_escape(adjusted)} |")
     if analysis.sequential:
         lines += ["", *(f"- {md_escape(line)}" for line in summary_lines(analysis.sequential))]
     failed = [r for r in runs or [] if r.status == "failed"]

@@ -10,9 +10,11 @@ import math
 from typing import TYPE_CHECKING
 
 import jinja2
+from markupsafe import Markup
 
 from repro.store.exercise import FACT_WORDS, fmt_value
 from repro.store.records import OUTCOMES
+from repro.report.dsmlfont import font_face_css
 from repro.report.model import ReportModel, clip, fmt_conf, fmt_pct, fmt_points
 
 if TYPE_CHECKING:
@@ -52,5 +54,6 @@ TEMPLATES.filters.update(pct=fmt_pct, conf=fmt_conf, num=_num, p=_p, points=fmt_
 
 def render_html(model: ReportModel, plots: list[Plot]) -> str:
     return TEMPLATES.get_template("report.html.j2").render(
-        model=model, plots=plots, outcomes=OUTCOMES, max_drill=MAX_DRILL, fact_words=FACT_WORDS
+        model=model, plots=plots, outcomes=OUTCOMES, max_drill=MAX_DRILL, fact_words=FACT_WORDS,
+        dsml_font=Markup(font_face_css()),  # our own constant CSS, not model text
     )

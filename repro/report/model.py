@@ -18,6 +18,7 @@ from repro.store.exercise import idle_reasons
 from repro.store.loops import ControlReport, count_loops, read_control
 from repro.store.records import Exercise, FindingRecord, LoopCounts, OutcomeCounts, ParserEffect, SessionRecord, StoppingRecord, TurnRecord
 from repro.report.raw import RawExcerpt, read_raw, response_fields
+from repro.report.sidebyside import SideBySide, place, side_by_side
 from repro.stats import Inconclusive, Interval, assess_inconclusive, clopper_pearson, timeout_bounds, upper_bound
 from repro.stats.verdict import MAX_TIMEOUT_FRACTION, MIN_COMPLETED
 from repro.store.rundir import METRICS, Run, load_run
@@ -131,6 +132,8 @@ class TurnView:
     raw_text: RawExcerpt | None = None
     lost_findings: list[FindingView] = field(default_factory=list)
     """What the server's parse lost of the raw text (`call-lost`, `param-lost`)."""
+    side: SideBySide | None = None
+    """A corrupt turn's raw text and parsed message side by side, the findings marked."""
 
 
 @dataclass(frozen=True)
@@ -321,11 +324,17 @@ def _all_clean(turn: TurnRecord) -> bool:
 
 
 def _finding_views(found: list[FindingRecord], texts: dict[str, str]) -> list[FindingView]:
-    """Each finding with its span cut out of its field's text, or its stored excerpt when the text is not there."""
+    """Each finding with its span cut out of its field's text (a raw finding on the faithful parse's
+    `content`, say, out of the raw text: repro.report.sidebyside.place), or its stored excerpt when the
+    text is not there."""
     findings: list[FindingView] = []
     for finding in found:
-        text = texts.get(finding.field)
-        if text is not None and 0 <= finding.start <= finding.end <= len(text):
+        name = finding.field if finding.field in texts else "raw"
+        text = texts.get(name)
+        where = place(text, finding, name) if text is not None else None
+        if text is not None and where is not None:
+            start, end = where
+            finding = finding.model_copy(update={"start": start, "end": end})
             hit, more = clip_more(text[finding.start : finding.end], HIT_CHARS)
             findings.append(
                 FindingView(
@@ -371,6 +380,11 @@ def _turn_view(run: Run, turn: TurnRecord) -> TurnView:
         raw_findings=_finding_views(turn.raw_findings, generated),
         raw_text=raw_text.excerpt if raw_text is not None else None,
         lost_findings=_finding_views(turn.lost_findings, texts),
+        side=side_by_side(
+            generated.get("raw"), {**texts, "finish_reason": turn.finish_reason} if texts and turn.finish_reason else texts,
+            turn.findings, turn.raw_findings, turn.lost_findings,
+            hidden=turn.raw_verdict == "corrupt" and turn.parsed_verdict != "corrupt",
+        ) if turn.verdict == "corrupt" else None,
     )
 
 

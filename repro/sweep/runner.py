@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import io
 import shlex
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -41,6 +40,7 @@ from repro.sim.launch import EMBEDDED_SIM_ARGS, start_sim
 from repro.store.paths import default_dir
 from repro.store.rundir import dump_json, make_run_dir, new_run_dir
 from repro.sweep.analysis import LevelResult, SweepResult, analyse, level_result
+from repro.sweep.options import check_sessions
 
 MAX_LEVELS = 32
 
@@ -170,7 +170,8 @@ def _measure(
             options = RunOptions.parse({**base, "base_url": url, "concurrency": concurrency, "out": run_dir,
                                         "name": f"c{concurrency}"}, source="sweep options")
             say(console, f"sweep: concurrency {concurrency}: {base['sessions']} sessions")
-            run = execute_run(options, console=Console(file=io.StringIO()), live=False, report=False)
+            # The run's own view: live progress on a terminal, a progress line every few seconds otherwise.
+            run = execute_run(options, console=console, live=True, report=False)
             if run.summary.interrupted:
                 raise ReproError(f"sweep interrupted at concurrency {concurrency}; the finished levels' runs are "
                                  f"kept in {out}", exit_code=EXIT_INTERRUPTED)
@@ -284,6 +285,7 @@ def run_sweep(
         raise UsageError(f"--confidence must be above 0.5 and below 1, got {confidence}")
     if spec is not None and base_url is not None:
         raise UsageError("--spec and --base-url name two deployments: give one")
+    check_sessions(sessions, levels)
     # A spec's load section is the workload of every level (concurrency and sessions are the sweep's).
     base = {**(_spec_cell(spec)[2] if spec is not None else {}), "sessions": sessions, **(run_options or {})}
     RunOptions.parse({**base, "base_url": base_url, "concurrency": max(levels)}, source="sweep options")
