@@ -2,8 +2,10 @@
 
 For each configuration it runs the default workload (60 sessions unless stated) through `repro run`,
 then prints the session outcomes, the fault log's count, the load-back volume and the wall time.
-Expected: HiCache + bf16 index-K corrupts roughly 10-20% of sessions at 60; one session, HiCache off,
-fp8 index-K and the index-K gate corrupt none.
+Expected: HiCache + bf16 index-K corrupts roughly 10-20% of sessions at 60, and so does the same server
+with a device pool the default workload never fills (5,000,000 tokens) once `--pressure auto` sizes the
+load to it (its 150k-token prefixes must come back from the host tier); one session, HiCache off, fp8
+index-K and the index-K gate corrupt none.
 
 The counts come from the simulator's virtual clock (the default here): the same seed gives the same counts
 at any machine load. `--clock real` shows the real clock's, which vary with the machine's load.
@@ -26,8 +28,11 @@ from pathlib import Path
 from repro.store.rundir import read_sessions
 
 FAULTY = ["--enable-hierarchical-cache", "--index-k-dtype", "bf16"]
+BIG_POOL = ["--max-total-tokens", "5000000"]
 CONFIGS: dict[str, tuple[int, list[str]]] = {
     "hicache+bf16": (60, FAULTY),
+    "hicache+bf16, sized": (60, [*FAULTY, *BIG_POOL]),
+    "hicache+fp8, sized": (60, ["--enable-hierarchical-cache", "--index-k-dtype", "fp8", *BIG_POOL]),
     "hicache+bf16, 1 session": (1, FAULTY),
     "hicache+bf16+gate": (60, [*FAULTY, "--index-k-gate"]),
     "hicache+fp8": (60, ["--enable-hierarchical-cache", "--index-k-dtype", "fp8"]),
@@ -44,6 +49,8 @@ def run_once(name: str, sessions: int, sim_args: list[str], seed: int, workdir: 
     args = [*sim_args, "--clock", clock, "--fault-log", str(faults)]
     cmd = [sys.executable, "-c", "from repro.cli import main; main()", "run", "--sessions", str(sessions),
            "--seed", str(seed), "--out", str(out), "--sim-args", shlex.join(args)]
+    if name.endswith(", sized"):
+        cmd += ["--pressure", "auto"]
     started = time.monotonic()
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     wall = time.monotonic() - started

@@ -17,12 +17,21 @@ default `--final-after-turns 6` plays them). Each fault is judged three ways:
 parser's effect (repro.sim.faults.parser_effect) is tallied too. The weighted total weighs each operator
 by how often the simulator injects it: its share of `repro.sim.corrupt.damage` over the same answers;
 the generated classes are outside that weighting and are totalled separately, unweighted ("changed" is
-the share whose parsed output differs from the undamaged answer's; "raw misses" counts those the raw
-verdict still calls clean). Two generated classes cut the text as a max-tokens limit does (finish
-"length"): a cut is no damage, so they are left out of the generated recall total. What the raw
-verdict misses there is damage that leaves the grammar whole: a letter lost from a value, a newline or
-a quote added to a value or to the prose. The text is still well-formed DSML with other words in it, so
-no check of the markup can see it; only the values' meaning could.
+the share whose parsed output differs from the undamaged answer's; "raw misses" counts the damaged
+texts the raw verdict calls clean that are not indistinguishable, below). Two generated classes cut the
+text as a max-tokens limit does (finish "length"): a cut is no damage, so they are left out of the
+generated recall total. The raw verdict is
+given the request's thinking mode (on: the simulator's answers are thinking-mode turns).
+
+Indistinguishable damage: some damage leaves a text that is exactly what DeepSeek's encoder writes for
+another valid answer: letters lost from a string value; a parameter name shortened to another that the
+tool's schema allows (`max_results` to `max`: the schema does not close its properties); a newline, a
+quote, `">` or ` string="true">` added to a string value or to the prose; a `</think>` added inside a
+string value (the grammar makes it the value's text). Such a text is counted "indistinguishable" when,
+and only when, it is byte for byte the reference rendering (dsml_checker.formats.render_completion) of
+the reasoning, content and calls it strictly parses to, and the raw verdict finds that answer valid for the request's tools. No judge of
+the text alone can tell it from a clean answer (the same bytes could be one), so the recall figures
+("raw recall") leave it out of their denominator; the tables state how many, per class.
 The clean row runs the undamaged answers through both verdicts: every non-zero figure there is a false
 positive.
 
@@ -44,7 +53,7 @@ from typing import Any
 import yaml
 
 from dsml_checker import check, check_raw
-from dsml_checker.formats import EOS, THINK_CLOSE
+from dsml_checker.formats import EOS, THINK_CLOSE, DSMLParseError, render_completion, split_completion
 from dsml_checker.server_parsers import EMULATION, PARSERS, implementation, parse_as
 from repro.sim.corrupt import OPERATORS, damage
 from repro.sim.damage_classes import CLASSES
@@ -76,8 +85,20 @@ def _verdicts(raw: str, meant: str, parser: str, tools: list[dict[str, Any]]) ->
     message = Reply("r", "m", 0, got, reason, 0, 0, 0).message()
     parsed = check(message, finish_reason=reason, tools=tools, tool_choice="auto").label == "corrupt"
     crossed = check(message, finish_reason=reason, tools=tools, tool_choice="auto", raw=raw).label == "corrupt"
-    in_raw = check_raw(raw, tools=tools, tool_choice="auto", finish_reason=reason).label == "corrupt"
+    in_raw = check_raw(raw, tools=tools, tool_choice="auto", finish_reason=reason, thinking=True).label == "corrupt"
     return parsed, crossed, in_raw, parser_effect(clean, got, visible=parsed)
+
+
+def indistinguishable(raw: str) -> bool:
+    """Whether `raw` is byte for byte the reference rendering of the answer it strictly parses to (module
+    docstring): a text some clean answer would also be."""
+    body = raw.removesuffix(EOS)
+    try:
+        parsed = split_completion(body, mode="strict")
+    except DSMLParseError:
+        return False
+    rendered = render_completion(reasoning=parsed.reasoning, content=parsed.content, calls=parsed.calls)
+    return rendered.removesuffix(EOS) == body
 
 
 _CUTS = frozenset({"truncated", "end_in_closer"})
@@ -149,18 +170,22 @@ def agreement(tools: list[dict[str, Any]], per_op: int, seed: int) -> list[str]:
 
 
 _SHARES = ("parsed", "crossed", "raw", "hidden", "made")
-_GENERATED = ("parsed", "crossed", "raw", "changed", "missed")
+_GENERATED = ("parsed", "crossed", "raw", "changed", "same", "missed")
 
 
 def _pct(part: float, whole: float) -> str:
     return f"{100 * part / whole:.0f}%" if whole else "–"
 
 
+def _recall(caught: float, whole: float) -> str:
+    return f"{100 * caught / whole:.1f}%" if whole else "–"
+
+
 def measure(parser: str, tools: list[dict[str, Any]], per_op: int, seed: int,
             weights: dict[str, float]) -> tuple[list[str], dict[str, float]]:
     """The Markdown table of one parser, and its weighted shares (parsed, raw, hidden, made)."""
     header = ["damage class", "weight", "n", "parsed catches", "parsed+raw catches", "raw catches", "hidden", "made",
-              *(e for e in PARSER_EFFECTS if e != "visible"), "raw misses"]
+              *(e for e in PARSER_EFFECTS if e != "visible"), "indistinguishable", "raw recall", "raw misses"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     total = collections.Counter[str]()
     generated = collections.Counter[str]()
@@ -171,8 +196,9 @@ def measure(parser: str, tools: list[dict[str, Any]], per_op: int, seed: int,
             parsed, crossed, in_raw, effect = _verdicts(damaged, meant, parser, tools)
             tally.update({"parsed": parsed, "crossed": crossed, "raw": in_raw, "hidden": in_raw and not parsed,
                           "made": parsed and not in_raw, effect: 1, "changed": effect != "absorbed",
-                          "missed": effect != "absorbed" and not in_raw})
+                          "same": not in_raw and indistinguishable(damaged)})
         n = len(pairs)
+        tally["missed"] = n - tally["raw"] - tally["same"]
         if op in OPERATORS:
             for key in _SHARES:
                 total[key] += weights[op] * tally[key] / n
@@ -180,7 +206,8 @@ def measure(parser: str, tools: list[dict[str, Any]], per_op: int, seed: int,
             generated.update({key: tally[key] for key in _GENERATED} | {"n": n})
         weight = f"{100 * weights[op]:.1f}%" if op in OPERATORS else "generated" + (" (a cut)" if op in _CUTS else "")
         cells = [op, weight, str(n), *(_pct(tally[k], n) for k in _SHARES),
-                 *(_pct(tally[e], n) for e in PARSER_EFFECTS if e != "visible"), f"{tally['missed']}"]
+                 *(_pct(tally[e], n) for e in PARSER_EFFECTS if e != "visible"), str(tally["same"]),
+                 _recall(tally["raw"], n - tally["same"]), str(tally["missed"])]
         lines.append("| " + " | ".join(cells) + " |")
     clean = collections.Counter[str]()
     originals = [meant for _, meant in _damaged("repeated_text", tools, per_op, seed)]
@@ -189,15 +216,17 @@ def measure(parser: str, tools: list[dict[str, Any]], per_op: int, seed: int,
         clean.update({"parsed": parsed, "crossed": crossed, "raw": in_raw})
     n = len(originals)
     lines.append(f"| none (clean answers) | – | {n} | " + " | ".join(_pct(clean[k], n) for k in ("parsed", "crossed", "raw"))
-                 + " | – | – |" + " – |" * len(PARSER_EFFECTS))
+                 + " | – | – |" + " – |" * (len(PARSER_EFFECTS) + 2))
     lines.append("| **weighted total (simulator's operators)** | 100% | – | "
-                 + " | ".join(f"**{100 * total[k]:.1f}%**" for k in _SHARES) + " |" * (len(PARSER_EFFECTS) + 1))
+                 + " | ".join(f"**{100 * total[k]:.1f}%**" for k in _SHARES) + " |" * (len(PARSER_EFFECTS) + 3))
     g = generated["n"]
     lines.append(f"| **generated classes, unweighted (cuts aside)** | – | {g} | "
                  + " | ".join(f"**{_pct(generated[k], g)}**" for k in ("parsed", "crossed", "raw"))
-                 + f" | – | – |{' |' * (len(PARSER_EFFECTS) - 1)} {generated['missed']} |")
+                 + f" | – | – |{' |' * (len(PARSER_EFFECTS) - 1)} {generated['same']} | "
+                 + f"**{_recall(generated['raw'], g - generated['same'])}** | {generated['missed']} |")
     total.update({f"generated_{k}": generated[k] / g for k in _GENERATED} | {"generated_n": g,
-                 "generated_changed_n": generated["changed"], "generated_missed_n": generated["missed"]})
+                 "generated_same_n": generated["same"], "generated_missed_n": generated["missed"],
+                 "generated_recall": generated["raw"] / (g - generated["same"])})
     return lines, dict(total)
 
 
@@ -222,11 +251,13 @@ def main(argv: list[str] | None = None) -> int:
            "*hidden* = raw corrupt, parsed not; *made* = raw clean, parsed corrupt; the last five columns say "
            "what the parser did with the faults the parsed verdict missed (absorbed: output identical to the "
            "undamaged answer's; dropped-call / duplicated: fewer / more calls; truncated: the same calls with "
-           "other arguments; altered: the same calls, other reasoning or content).", ""]
+           "other arguments; altered: the same calls, other reasoning or content); *indistinguishable*: damage "
+           "the raw verdict calls clean that is byte for byte a clean answer's rendering (above); *raw recall*: "
+           "raw catches over the rest; *raw misses*: the rest that the raw verdict calls clean.", ""]
     summary = ["| parser | code that ran | parsed catches | parsed+raw catches | raw catches | hidden | made |",
                "|---|---|---|---|---|---|---|"]
-    generated = ["| parser | n | parsed catches | parsed+raw catches | raw catches | output changed | changed, raw clean |",
-                 "|---|---|---|---|---|---|---|"]
+    generated = ["| parser | n | parsed catches | parsed+raw catches | raw catches | output changed | indistinguishable "
+                 "| raw recall (the rest) | raw misses |", "|---|---|---|---|---|---|---|---|---|"]
     finals = ["| parser | parsed catches | parsed+raw catches | raw catches | hidden | made |", "|---|---|---|---|---|---|"]
     for name in PARSERS:
         _, on_final = measure(name, tools, args.per_operator, args.seed, final_weights)
@@ -236,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         summary.append(f"| {name} | {implementation(name)} | " + " | ".join(f"{100 * total[k]:.1f}%" for k in _SHARES) + " |")
         generated.append(f"| {name} | {total['generated_n']:.0f} | " + " | ".join(
             f"{100 * total[f'generated_{k}']:.1f}%" for k in ("parsed", "crossed", "raw", "changed"))
-            + f" | {total['generated_missed_n']:.0f} of {total['generated_changed_n']:.0f} |")
+            + f" | {total['generated_same_n']:.0f} | {100 * total['generated_recall']:.1f}% | {total['generated_missed_n']:.0f} |")
     doc += ["## Weighted totals (the simulator's operators, at its injection weights)", "", *summary, "",
             "## Generated damage, unweighted (cuts by length aside)", "", *generated, "",
             "## Agreement of the sglang-0.5.23 emulation with deepseek-recipe", "",

@@ -23,7 +23,7 @@ from typing import IO, Any, Iterator
 
 from dsml_checker.check import check
 from dsml_checker.findings import RULES
-from dsml_checker.formats import FORMATS
+from dsml_checker.formats import FORMATS, stated_thinking
 from dsml_checker.verdicts import judge_turn
 
 # Model text is untrusted: C1 controls, bidi overrides and line separators survive ensure_ascii=False and
@@ -60,7 +60,7 @@ class Turn:
     raw: str | None = None
     """The text the model generated for this turn, when the line carries it."""
     thinking: bool | None = None
-    """The thinking mode the request states (`chat_template_kwargs.thinking`), None when it states none."""
+    """The thinking mode the request states (`chat_template_kwargs`), None when it states none."""
 
 
 def _turn(obj: Any, where: str, line: int) -> Turn:
@@ -83,10 +83,8 @@ def _turn(obj: Any, where: str, line: int) -> Turn:
     raw = obj.get("raw")
     if raw is not None and not isinstance(raw, str):
         raise InputError(f'{where}: "raw" must be a string (the text the model generated)')
-    kwargs = request.get("chat_template_kwargs")
-    thinking = kwargs.get("thinking") if isinstance(kwargs, dict) else None
     return Turn(line, message, finish, request.get("tools"), request.get("tool_choice"), response_id, raw,
-                thinking if isinstance(thinking, bool) else None)
+                stated_thinking(request))
 
 
 def read_turns(stream: IO[bytes], source: str) -> Iterator[Turn]:

@@ -452,3 +452,14 @@ def split_completion(text: str, *, mode: str = "tolerant", fmt: str = "v4") -> C
     closer = DSML_FORMATS[fmt].closer if fmt in DSML_FORMATS else V3_CALLS_END
     block_end = text.rfind(closer, block_at, body_end) + len(closer)
     return Completion(reasoning, content, calls, (block_at, block_end))
+
+
+def stated_thinking(request: Any) -> bool | None:
+    """The thinking mode a chat request body states in `chat_template_kwargs` (`thinking`, or SGLang's
+    `enable_thinking`); None when it states none, and the server's default decides."""
+    kwargs = request.get("chat_template_kwargs") if isinstance(request, dict) else None
+    if isinstance(kwargs, dict):
+        for key in ("thinking", "enable_thinking"):
+            if isinstance(kwargs.get(key), bool):
+                return bool(kwargs[key])
+    return None

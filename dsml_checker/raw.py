@@ -228,6 +228,8 @@ def _judge_block(block: str, at: int, fmt: str, truncated: bool, out: _Out) -> t
             # SGLang 0.5.23's parser (deepseek-recipe) reads to the first blank, writing invalid JSON.
             if '"' in key or "\n" in key or SENTINEL in key or "=" in key or " " in key:
                 out.add(_key_rule(key), at, at + end)
+            elif THINK_CLOSE in key:  # only a string value's text may hold it (module docstring)
+                out.add("raw-think-replayed", at, at + end)
     return calls, end
 
 

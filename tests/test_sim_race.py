@@ -75,6 +75,23 @@ def test_bf16_hicache_at_60_sessions_corrupts_and_fault_log_matches_verdicts(sim
     assert _counter(sim.url, "sglang:load_back_tokens") > 0
 
 
+def test_a_load_sized_to_a_large_pool_corrupts_at_about_the_usual_rate(sim_server, tmp_path: Path) -> None:
+    # A pool the default workload never fills; --pressure auto gives each session a prefix of about 160k
+    # tokens, which must come back from the host tier. Long load-backs stream faster than short ones, so
+    # these replays race about as often as the default run's short ones, not every time.
+    log = tmp_path / "faults.jsonl"
+    sim = sim_server(*FAULTY, *VIRTUAL, "--time-scale", "0", "--max-total-tokens", "2500000", "--fault-log", str(log))
+    options = RunOptions(base_url=sim.base_url, sessions=30, out=tmp_path / "run", timeout=600, turn_timeout=300,
+                         pressure="auto")
+    execute_run(options, console=Console(quiet=True), live=False, report=False)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["exercised"]["facts"]["host_load_back_tokens"]["value"] > 1_000_000
+    faults = read_fault_log(log)
+    assert faults and min(f.load_back_tokens for f in faults) > 100_000
+    # The default run's 10-20%: 5 of 30 at this seed on the virtual clock.
+    assert 2 <= summary["counts"]["corrupt"] <= 8
+
+
 def test_fp8_index_k_at_60_sessions_essentially_never_corrupts(sim_server, tmp_path: Path) -> None:
     sim = sim_server("--enable-hierarchical-cache", "--index-k-dtype", "fp8", *VIRTUAL)
     records = _run(sim.base_url, tmp_path / "run", 60)

@@ -2,23 +2,28 @@
 
 Its behaviour, as measured on its wheel (tests/fixtures/real_parsers/sglang-0.5.23.jsonl):
 - `<｜DSML｜` ends reasoning or content and opens tool mode, whatever block name follows (misspelled or
-  missing wrapper, a bare invoke, a block before `</think>` are all read); content loses its trailing
-  newlines; a later `</think>` is swallowed, so replayed reasoning lands in the content.
-- A block opener runs to its `>`, or stops short of the next tag when it lost its `>`.
+  missing wrapper, a bare invoke, a block before `</think>` are all read); reasoning and content lose their
+  trailing newlines; a later `</think>` is swallowed, so replayed reasoning lands in the content.
+- A block opener runs to its `>`, or stops short of the next tag when it lost its `>` (an `invoke name="`
+  counts as one, even without its `<`).
 - Tool mode reads invokes up to the first block closer and drops everything after it: later blocks,
   trailing text, stray closers. Inside the block a tag is known by its word and name attribute
-  (`invoke name="`, `parameter name="`), whatever its sentinel; an invoke opener runs from its name's
-  closing quote to its next `>` (so a block restarted inside a name yields a call under a garbage name);
+  (`invoke name="`, `parameter name=`), whatever its sentinel; an invoke opener runs from its name's
+  closing quote to its next `>` (so a block restarted inside a name yields a call under a garbage name),
+  or to a tag or a parameter that comes before it, and a text that ends there still has the call;
   an invoke whose name is not in ASCII quotes is skipped with its parameters; unknown tools are returned.
 - Arguments are written as they stream: a `string="true"` value as a JSON string (not stripped), any
-  other value pasted verbatim (invalid JSON stays invalid). A parameter's name is read to the first
-  space and pasted as it stands; its value opens at the next `"true">` or `"false">` (a header without
-  either stalls the parse where it stands) and ends at the first `</｜DSML｜`. A closer that does not
+  other value pasted verbatim (invalid JSON stays invalid). A parameter's name is read from its `name=`
+  to the first space and pasted as it stands, quotes included or not; its value opens at the next
+  `true">` or `false">` (a header without either stalls the parse where it stands) and ends at the
+  first `</｜DSML｜`. A closer that does not
   match there (cut short, misspelt) leaves the parser between tags: later parameters are still read,
   and the next closer of any kind ends the invoke but not the block, so later invokes and re-sent
   blocks are read too. Between parameters, a closer whose sentinel is cut short does the same; one
-  with the whole sentinel and a misspelt word ends the invoke (not the block). A text that ends inside a closer's word closes the arguments; one that ends
-  inside its sentinel, or inside a value, leaves them open.
+  with the whole sentinel and a misspelt word ends the invoke (not the block), and so does a block
+  closer after a tag left unread (`<｜DSML｜parameter nam</｜DSML｜tool_calls>`). A text that ends inside a
+  value or inside the parameter's own closer leaves the arguments open; one that ends after a parameter,
+  once a closer's whole sentinel is there, closes them.
 """
 
 from __future__ import annotations
@@ -35,7 +40,8 @@ _NAME_AT = ' name="'
 # Inside the block, a tag is known by its word and name attribute, whatever its sentinel (a bar lost, a
 # letter misspelt): deepseek-recipe reads `<DSMLinvoke name="…">` as an invoke.
 _INVOKE_AT = "invoke" + _NAME_AT
-_PARAM_AT = "parameter" + _NAME_AT
+_PARAM_AT = "parameter name="
+"""A parameter is known by its word and `name=`: its name is read from there, quote or none."""
 
 
 class _Stall(Exception):
@@ -67,7 +73,8 @@ class _Reader:
         if not self.text.startswith(TAGS.invoke_open, self.pos):
             # The opener runs to its `>`, or stops short of the next tag when it lost its `>`.
             end = self.text.find(">", self.pos)
-            next_tag = self.text.find("<", self.pos + 1)
+            tags = [at for at in (self.text.find("<", self.pos + 1), self.text.find(_INVOKE_AT, self.pos)) if at >= 0]
+            next_tag = min(tags, default=-1)
             if end < 0 and next_tag < 0:
                 return
             self.pos = next_tag if end < 0 or 0 <= next_tag < end else end + 1
@@ -111,13 +118,20 @@ class _Reader:
             self.pos = name_end + 3
             return
         if not self.text.startswith(">", name_end + 1):
-            # Text after the name's closing quote: the opener runs on to its next `>`.
+            # Text after the name's closing quote: the opener runs on to its next `>`, or stops short of a
+            # tag or a parameter that comes first; a text that ends first still has the call, with no arguments.
             head_end = self.text.find(">", name_end + 1)
-            if head_end < 0:
+            tags = [at for at in (self.text.find("<", name_end + 1), self.text.find(_PARAM_AT, name_end + 1)) if at >= 0]
+            next_tag = min(tags, default=-1)
+            if 0 <= next_tag < head_end or (head_end < 0 and next_tag >= 0):
+                self.pos = next_tag
+            elif head_end < 0:
+                self.out.calls.append((name, ""))
                 self.pos = len(self.text)
                 return
-            self.out.actions.append("invoke-opener-skipped")
-            self.pos = head_end + 1
+            else:
+                self.out.actions.append("invoke-opener-skipped")
+                self.pos = head_end + 1
         else:
             self.pos = name_end + 2
         self.out.calls.append((name, ""))
@@ -132,12 +146,12 @@ class _Reader:
         return next((w for w in ("invoke", "parameter", "tool_calls") if self.text.startswith(f"{_CLOSE}{w}>", at)), None)
 
     def _cut_closer(self, at: int) -> str | None:
-        """How the text ends inside a known closer starting at `at`: "word" once the closer's word has begun
-        (the arguments are then closed), "sentinel" before it (they are left open); None when it does not."""
+        """How the text ends inside a known closer starting at `at`: "word" once the closer's whole sentinel is
+        there, "sentinel" before; None when it does not end there."""
         rest = self.text[at:]
         if not any(f"{_CLOSE}{w}>".startswith(rest) for w in ("invoke", "parameter", "tool_calls")):
             return None
-        return "word" if len(rest) > len(_CLOSE) else "sentinel"
+        return "word" if len(rest) >= len(_CLOSE) else "sentinel"
 
     def body(self) -> None:
         params = 0
@@ -154,8 +168,7 @@ class _Reader:
                 self.write("{" if params == 0 else ", ")
                 params += 1
                 ended = self.parameter()
-                if ended in ("end", "cut"):
-                    self.write("}" if ended == "end" else "")
+                if ended == "cut":
                     return
                 stray = stray or ended == "stray"
                 continue
@@ -163,7 +176,7 @@ class _Reader:
             if known is None:
                 cut = self._cut_closer(close)
                 if cut is not None:
-                    if cut == "word":  # the text ends inside a closer's word: the arguments are closed
+                    if cut == "word":  # the text ends after a closer's sentinel, between parameters: they are closed
                         self.write("}" if params else "{}")
                     self.pos = len(self.text)
                     return
@@ -176,7 +189,9 @@ class _Reader:
                 self.out.actions.append("stray-closer")
                 stray, self.pos = True, close + 2
                 continue
-            # Any closer ends the invoke (a stray parameter closer too); a block closer ends the block.
+            # Any closer ends the invoke (a stray parameter closer too); a block closer ends the block, unless a
+            # tag before it was left unread (`<｜DSML｜parameter nam</｜DSML｜tool_calls>`).
+            stray = stray or self.text.find("<", self.pos, close) >= 0
             self.pos = close + len(_CLOSE) + len(known) + 1
             self.write("}" if params else "{}")
             self.block_closed = known == "tool_calls" and not stray
@@ -184,24 +199,24 @@ class _Reader:
 
     def parameter(self) -> str:
         """One parameter written: "ok" when its closer followed, "stray" when a closer failed to match there (the
-        parse goes on between tags), "end" / "cut" when the text ends inside its closer's word / sentinel."""
+        parse goes on between tags), "cut" when the text ends inside its closer (the arguments stay open)."""
         start = self.pos + len("parameter")
-        if not self.text.startswith(_NAME_AT, start):
+        if not self.text.startswith(" name=", start):
             raise _Stall
-        # The name runs to the first space and is pasted as it stands, its closing quote included when it has
-        # one (`name="q string="true">` gives the key `"q: `); the value opens at the next `"true">` or
-        # `"false">`, however far on, whatever attribute spelling comes before it.
-        key_at = start + len(_NAME_AT)
+        # The name runs to the first space and is pasted as it stands, its quotes included when it has them
+        # (`name="q string="true">` gives the key `"q: `); the value opens at the next `true">` or `false">`,
+        # however far on, whatever attribute spelling comes before it.
+        key_at = start + len(" name=")
         key_end = self.text.find(" ", key_at)
         if key_end < 0:
-            self.write('"' + self.text[key_at:])
+            self.write(self.text[key_at:])
             raise _Stall
-        self.write('"' + self.text[key_at:key_end] + ": ")
-        opens = [(at, flag) for flag in ("true", "false") if (at := self.text.find(f'"{flag}">', key_end)) >= 0]
+        self.write(self.text[key_at:key_end] + ": ")
+        opens = [(at, flag) for flag in ("true", "false") if (at := self.text.find(f'{flag}">', key_end)) >= 0]
         if not opens:
             raise _Stall
         flag_at, flag = min(opens)
-        value_at = flag_at + len(flag) + 3
+        value_at = flag_at + len(flag) + 2
         value_end = self.text.find(_CLOSE, value_at)
         value = self.text[value_at:] if value_end < 0 else self.text[value_at:value_end]
         written = json.dumps(value, ensure_ascii=False) if flag == "true" else value
@@ -213,10 +228,9 @@ class _Reader:
         if self._closer_at(value_end) == "parameter":
             self.pos = value_end + len(_CLOSE) + len("parameter") + 1
             return "ok"
-        cut = self._cut_closer(value_end)
-        if cut is not None:
+        if self._cut_closer(value_end) is not None:
             self.pos = len(self.text)
-            return "end" if cut == "word" else "cut"
+            return "cut"
         self.out.actions.append("closer-failed-inside-value")
         self.pos = value_end + 2
         return "stray"
@@ -234,7 +248,7 @@ def parse(text: str, tools: list[dict[str, Any]], tool_choice: Any) -> Parsed:
     elif think < 0:
         return Parsed(text, "")
     else:
-        out = Parsed(text[:think], "")
+        out = Parsed(text[:think].rstrip("\n"), "")
         body = text[think + len(THINK_CLOSE):].lstrip("\n")  # so does the answer
         tool_at = body.find(_TOOL) if parse_tools else -1
         head = body if tool_at < 0 else body[:tool_at]

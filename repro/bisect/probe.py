@@ -1,7 +1,8 @@
 """One probe: start a deployment (the matrix's machinery: readiness, port ownership, `/server_info`
 confirmation, a watch on the processes), run load rounds against it until the probe's rule decides
 (repro.bisect.posterior.judge_probe), stop it. A deployment that fails to start, dies during the
-load, or leaves most sessions timed out makes the probe inconclusive, never good.
+load, or leaves most sessions timed out makes the probe inconclusive, never good; so does a load whose
+target never exercised a feature it turns on (repro.store.exercise): only corruption decides such a probe.
 """
 
 from __future__ import annotations
@@ -192,7 +193,11 @@ def run_probe(
                 result.verdict = judge_probe(
                     plan, result.corrupt, result.corrupt + result.clean, result.timeout + result.error
                 )
-                if result.verdict == "inconclusive":
+                idle = run.summary.exercised.idle() if run.summary.exercised else []
+                if idle and not_decided_by(result.verdict, result.corrupt):
+                    result.verdict = "inconclusive"
+                    result.message = "; ".join(f.line for f in idle)
+                elif result.verdict == "inconclusive":
                     total = result.corrupt + result.clean + result.timeout + result.error
                     result.message = f"{result.timeout + result.error} of {total} sessions timed out or failed"
                 elif result.verdict == "undecided":
@@ -205,6 +210,13 @@ def run_probe(
     result.duration_s = time.monotonic() - started
     console.print(Text(f"  {describe(result)}"))
     return result
+
+
+def not_decided_by(verdict: ProbeVerdict, corrupt: int) -> bool:
+    """Whether a probe whose load left a feature idle is inconclusive: it was to be good (or undecided), or to
+    go on without a corrupt session so far (more rounds of the same load would leave it idle too). A bad
+    probe stays bad: corruption is evidence whatever the load exercised."""
+    return verdict in ("good", "undecided") or (verdict == "continue" and corrupt == 0)
 
 
 def describe(result: ProbeResult) -> str:

@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 from dsml_checker import Verdict, check, check_raw, encode_messages
 from dsml_checker.findings import make_finding
+from dsml_checker.formats import stated_thinking
 from dsml_checker.server_parsers import DEFAULT_PARSER, NativeParserError, implementation, parse_as
 from dsml_checker.verdicts import judge_turn
 from repro.store.records import FindingRecord, TurnVerdict
@@ -83,17 +84,6 @@ class ObservePlan:
             "parsed_verdict_on": parsed_on,
             "request": request,
         }
-
-
-def stated_thinking(body: dict[str, Any]) -> bool | None:
-    """The thinking mode a request body (or the extra body merged into every request) states in
-    `chat_template_kwargs`; None when it states none."""
-    kwargs = body.get("chat_template_kwargs")
-    if isinstance(kwargs, dict):
-        for key in ("thinking", "enable_thinking"):
-            if isinstance(kwargs.get(key), bool):
-                return bool(kwargs[key])
-    return None
 
 
 def thinking_of(extra_body: dict[str, Any]) -> bool:

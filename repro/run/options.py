@@ -94,7 +94,8 @@ class RunOptions(BaseModel):
     """`auto` or a factor: give each session a long document of its own so that the sessions running at once
     hold this many device KV pools (auto: 2); none: the workload as it is."""
     client_parser: str = DEFAULT_PARSER
-    """The server parser emulated client-side over a raw-text endpoint's text (repro.run.observe)."""
+    """The server parser run client-side over a raw-text endpoint's text (repro.run.observe): for sglang-0.5.23,
+    DeepSeek's own deepseek-recipe where it is installed, else the emulation; the manifest says which ran."""
     until_decided: bool = False
     """Run in waves of `concurrency` and stop once the gate's answer is known (repro.run.stopping); `sessions` is the cap."""
     confidence: float = Field(default=0.95, gt=0.5, lt=1.0)

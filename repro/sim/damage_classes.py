@@ -159,6 +159,14 @@ def truncated(raw: str, rng: random.Random) -> str | None:
     return raw[: rng.randrange(max(0, start) + 1, len(raw.removesuffix(EOS)))] if len(raw) > start + 2 else None
 
 
+def think_dropped(raw: str, rng: random.Random) -> str | None:
+    """The reasoning's `</think>` lost, whole or in part: the reasoning runs into the answer."""
+    at = raw.find(THINK_CLOSE)
+    if at < 0:
+        return None
+    return raw[:at] + rng.choice(["", "</think", "think>", "<think>", "</thin"]) + raw[at + len(THINK_CLOSE) :]
+
+
 def _simulator_operator(name: str) -> DamageClass:
     operator = OPERATORS[name]
 
@@ -183,6 +191,7 @@ GENERATED: dict[str, DamageClass] = {
     "token_inserted": token_inserted,
     "lost_bar": lost_bar,
     "truncated": truncated,
+    "think_dropped": think_dropped,
 }
 """The generated classes (module docstring); the first eight are the shapes where the emulation was seen to part."""
 

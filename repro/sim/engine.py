@@ -72,6 +72,18 @@ class Costs:
     The calibration knob: with the default workload it puts bf16 at 10-20% of 60 sessions and fp8 at
     none (benchmarks/calibrate_sim.py measures it).
     """
+    link_ramp_tokens: int = 8192
+    link_stream_bytes_per_s: float = 20e9
+    """A load-back's first `link_ramp_tokens` move at `link_bytes_per_s`; the rest at this rate.
+
+    A short load-back is a handful of scattered page copies, each paying its own latency; a long one
+    keeps enough of them in flight to stream near the link's rate (PCIe 4 x16 carries about 25 GB/s in
+    practice). Without the ramp a 150k-token prefix (what `--pressure auto` replays on a large pool) took
+    40 times a 4k-token copy against a forward about 10 times longer, and every such replay lost the
+    race (60 of 60 sessions corrupt). With it (5 times), the sized run corrupts at about the default
+    run's rate (benchmarks/calibrate_sim.py); no load-back of the default workload (8k tokens at most)
+    reaches the ramp, so its faults are unchanged.
+    """
     tokens_per_step: int = 8
     """Tokens each running request gains per decode step: streams get chunks of several tokens."""
     kv_transfer_bytes_per_s: float = 20e9
@@ -467,9 +479,11 @@ class Engine:
 
         Returns when the forward finished (relative to the batch start) and the first overtaking read.
         """
-        rate = self.costs.link_bytes_per_s / share
-        index_copy = tokens * self.index_k_bytes / rate
-        main_copy = tokens * self.costs.main_kv_bytes / rate
+        costs = self.costs
+        rate, stream = costs.link_bytes_per_s / share, costs.link_stream_bytes_per_s / share
+        slow = min(tokens, costs.link_ramp_tokens)
+        index_copy = slow * self.index_k_bytes / rate + (tokens - slow) * self.index_k_bytes / stream
+        main_copy = slow * costs.main_kv_bytes / rate + (tokens - slow) * costs.main_kv_bytes / stream
         copy_start = 0.0
         read = lead
         race: Race | None = None

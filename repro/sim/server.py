@@ -21,6 +21,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from dsml_checker import check, check_raw
+from dsml_checker.formats import stated_thinking
 from repro.sim.config import SimConfig, server_info
 from repro.sim.corrupt import damage
 from repro.sim.engine import CHARS_PER_TOKEN, Engine, EngineRequest, Race, context_length, count_tokens, page_keys
@@ -162,7 +163,8 @@ class Simulator:
         got, reason, _ = self.finish(damaged, request)
         visible = self.is_corrupt(got, reason, tool_fields)
         raw_verdict = check_raw(cut_to_limit(damaged, request.token_limit), tools=tool_fields.get("tools"),
-                                tool_choice=tool_fields.get("tool_choice"), finish_reason=reason)
+                                tool_choice=tool_fields.get("tool_choice"), finish_reason=reason,
+                                thinking=stated_thinking(request.model_extra))
         self.faults.add(FaultRecord(
             request_id=request_id, conversation=conversation, turn=turn, operator=operator, layer=race.layer,
             read_time_s=round(race.read_time_s, 6), copy_done_s=round(race.copy_done_s, 6),
@@ -307,8 +309,10 @@ def create_app(config: SimConfig) -> Starlette:
         """Start a raw-text request: the conversation read back from its prompt, answered as over chat."""
         try:
             decoded = decode_prompt(prompt)
+            # The prompt states its thinking mode (it ends with <think> or </think>): the fault log judges by it.
             chat_request = ChatRequest.model_validate(
-                {"messages": decoded.messages, "tools": decoded.tools, "max_tokens": limit, "seed": seed})
+                {"messages": decoded.messages, "tools": decoded.tools, "max_tokens": limit, "seed": seed,
+                 "chat_template_kwargs": {"thinking": decoded.thinking}})
         except (PromptDecodeError, ValidationError) as err:
             return _error(f"The prompt is not a DeepSeek-V4 conversation the simulator can read: {err}", 400)
         prompt_tokens = count_tokens(prompt)
