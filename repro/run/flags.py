@@ -36,7 +36,8 @@ LOAD_FLAGS = OptionGroup(
         None, "--raw-endpoint", help="Raw text from completions|generate instead of chat logprobs "
         "(default: logprobs when they cover tool calls).")),
     client_parser=(str | None, typer.Option(
-        None, "--client-parser", help="Server parser run over a raw endpoint's text (default: sglang-0.5.23, DeepSeek's deepseek-recipe where installed, else emulated).")),
+        None, "--client-parser", help="Server parser run over a raw endpoint's text (default: sglang-0.5.23, "
+        "DeepSeek's deepseek-recipe where installed, else emulated).")),
     replay=(str | None, typer.Option(
         None, "--replay", help="With a trace (.jsonl) workload: fast (default) or timing (keep the recorded gaps "
         "between turns).")),
