@@ -21,6 +21,7 @@ from typing import Any
 import anyio
 
 from dsml_checker import StreamAccumulator
+from repro.wire.budget import InFlight, Ticket
 from repro.wire.rawtext import LogprobText, RawCollector
 from repro.store.records import TurnStatus
 from repro.wire.transport import Endpoint, HTTPClient, TransportError
@@ -31,12 +32,16 @@ MAX_TURN_BYTES = 64 * 1024 * 1024
 """Default cap on one response: ~6x a 32k-token stream with logprobs; beyond it the server is looping or hostile."""
 
 
-def make_client(concurrency: int, *, headers: dict[str, str] | None = None) -> HTTPClient:
-    """The run's one shared HTTP client: room for `concurrency` connections, no hidden cap.
+def make_client(concurrency: int, *, headers: dict[str, str] | None = None,
+                max_bytes_in_flight: int | None = None) -> HTTPClient:
+    """The run's one shared HTTP client: room for `concurrency` connections, no hidden cap; its turns
+    share a budget of `max_bytes_in_flight` answer bytes (None: no limit; see `repro.wire.budget`).
 
     Environment proxies are not consulted: the target is addressed directly, usually on loopback.
     """
-    return HTTPClient(concurrency, headers=headers)
+    client = HTTPClient(concurrency, headers=headers)
+    client.budget = InFlight(max_bytes_in_flight)
+    return client
 
 
 @dataclass
@@ -44,7 +49,8 @@ class TurnResult:
     """What one request produced. `message` is the assembled assistant message when status is `ok`."""
 
     status: TurnStatus
-    raw: bytes = b""
+    raw: bytes | bytearray = b""
+    """The response's bytes as read (the reader's own buffer, handed over: a big answer is not copied)."""
     message: dict[str, Any] | None = None
     finish_reason: str | None = None
     usage: dict[str, Any] | None = None
@@ -52,7 +58,8 @@ class TurnResult:
     request_id: str | None = None
     error: str | None = None
     queue_s: float = 0.0
-    """From the call to the first network action (a free connection in hand): client-side waiting."""
+    """Client-side waiting: from the call to the first network action (room in the byte budget, a free
+    connection in hand), plus any time the budget held the answer's reading paused."""
     ttft_s: float | None = None
     e2e_s: float | None = None
     max_gap_s: float | None = None
@@ -93,11 +100,28 @@ class _Clock:
         self.headers_late = False
         self.max_gap = 0.0
         self.stalled = False
+        self.paused_at: float | None = None
+        """Since when the client itself holds the reading paused (the byte budget): no stall, no gap."""
+        self.held = 0.0
+        """Seconds the reading was held paused in all: queueing, taken out of the server's times."""
 
     @property
     def quiet_since(self) -> float | None:
-        """Since when the server has sent nothing while the client waited for it; None before the wait began."""
+        """Since when the server has sent nothing while the client waited for it; None before the wait
+        began and while the client holds the reading paused."""
+        if self.paused_at is not None:
+            return None
         return self.last_bytes if self.last_bytes is not None else self.heard
+
+    def pause(self) -> None:
+        self.paused_at = time.perf_counter()
+
+    def resume(self) -> None:
+        if self.paused_at is not None:
+            now = time.perf_counter()
+            self.held += now - self.paused_at
+            self.paused_at = None
+            self.last_bytes = now  # the silence while paused was the client's, not a gap in the stream
 
     @property
     def origin(self) -> float:
@@ -115,8 +139,9 @@ class _Clock:
 
     def fill(self, result: TurnResult) -> None:
         end = time.perf_counter()
-        result.queue_s = self.origin - self.start
-        result.e2e_s = end - self.origin
+        self.resume()
+        result.queue_s = self.origin - self.start + self.held
+        result.e2e_s = end - self.origin - self.held
         if self.first_token is not None:
             result.ttft_s = self.first_token - self.origin
         if self.last_bytes is not None:
@@ -329,8 +354,10 @@ class _StallWatch:
 class _Turn:
     """The `ResponseSink` of one turn: times the response, keeps its bytes, parses the stream as it comes."""
 
-    def __init__(self, stream: bool, max_bytes: int, rawtext: RawCollector | None = None) -> None:
+    def __init__(self, stream: bool, max_bytes: int, ticket: Ticket, rawtext: RawCollector | None = None) -> None:
         self.clock = _Clock()
+        self.ticket = ticket
+        self.transport: asyncio.Transport | None = None
         self.stream = stream
         self.max_bytes = max_bytes
         self.rawtext = rawtext
@@ -341,6 +368,14 @@ class _Turn:
         self.parse = False
         """Feed the body to the SSE reader: a streamed answer with a success status."""
         self.truncated = False
+
+    def reading(self, transport: asyncio.Transport) -> None:
+        self.transport = transport
+
+    def _resume(self) -> None:
+        self.clock.resume()
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.resume_reading()
 
     def started(self) -> None:
         if self.clock.sent is None:
@@ -368,6 +403,11 @@ class _Turn:
             self.truncated = True
             raise _Failure(f"response exceeded {self.max_bytes} bytes; reading stopped there")
         self.raw += data
+        if self.ticket.grow(len(data)) and self.transport is not None:
+            # Over the run's byte budget: no more reading until an older turn makes room.
+            self.transport.pause_reading()
+            self.clock.pause()
+            self.ticket.resume = self._resume
         if self.parse:
             self.reader.feed(data)
 
@@ -506,6 +546,7 @@ async def send_turn(
     max_bytes: int = MAX_TURN_BYTES,
     rawtext: RawCollector | None = None,
     encoder: BodyEncoder | None = None,
+    ticket: Ticket | None = None,
 ) -> TurnResult:
     """POST one chat completion and classify how it ended; see the module docstring.
 
@@ -514,16 +555,22 @@ async def send_turn(
     raw-text endpoint's collector (`chat` False), the answer is its text, `message` stays None and
     the finish reason, usage and request id come from the collector. A conversation's turns share an
     `encoder`, so what they have in common is encoded once.
+
+    The turn first waits for room in the client's byte budget (`ticket`, which the caller releases once
+    it no longer holds the answer; without one the turn takes and releases its own).
     """
     body = {**payload, "stream": stream}
     if stream and (rawtext is None or rawtext.source != "generate"):  # /generate takes no stream_options
         body.setdefault("stream_options", {"include_usage": True})
-    turn = _Turn(stream, max_bytes, rawtext)
+    owned = ticket is None
+    held = client.budget.ticket() if ticket is None else ticket
+    turn = _Turn(stream, max_bytes, held, rawtext)
     clock = turn.clock
     result = TurnResult(status="error")
     with anyio.move_on_after(turn_timeout) as budget, anyio.CancelScope() as stall_scope:
         watch = _StallWatch(clock, stall_timeout, stall_scope)
         try:
+            await held.admit()
             await client.post(
                 endpoint,
                 (encoder or BodyEncoder()).encode(body),
@@ -537,6 +584,9 @@ async def send_turn(
             result.error = str(failure)
         finally:
             watch.stop()
+            held.read()
+            if owned:
+                held.release()
     if clock.headers_late:
         result.status = "error"
         result.error = f"headers not complete after {stall_timeout:g}s (header bytes kept coming)"
@@ -550,7 +600,7 @@ async def send_turn(
     if result.request_id is None:
         result.request_id = turn.reader.request_id
     result.chunks = result.chunks or turn.reader.events
-    result.raw = bytes(turn.raw)
+    result.raw = turn.raw
     if turn.truncated:
         result.truncated_at = len(result.raw)
     clock.fill(result)
