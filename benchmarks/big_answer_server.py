@@ -13,7 +13,7 @@ once, and every later one at once): a client's first K turns are all in flight b
 A request asking for `"logprobs":true` (a client's probe of the target) gets a 100-byte answer at
 once and is not counted.
 
-Every chunk is built once per answer and written as fast as the client reads (the transport's write
+Every answer is made and written as fast as the client reads (the transport's write
 buffer is drained before the next piece is queued, so the server itself holds little). HTTP/1.1
 keep-alive, chunked transfer encoding; `GET /v1/models` answers, for readiness checks.
 
@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+from typing import Iterator
 
 _HEAD = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n"
          b"connection: keep-alive\r\n\r\n")
@@ -42,9 +43,9 @@ def _event(delta: dict, finish: str | None = None) -> bytes:
 _TAIL = b"%x\r\n%s\r\n" % (len(b"data: [DONE]\n\n"), b"data: [DONE]\n\n") + b"0\r\n\r\n"
 
 
-def content_events(size: int, piece: int) -> list[bytes]:
-    """Events whose content deltas add up to `size` bytes of prose."""
-    events = [_event({"role": "assistant", "content": ""})]
+def content_events(size: int, piece: int) -> Iterator[bytes]:
+    """Events whose content deltas add up to `size` bytes of prose, made as they are sent."""
+    yield _event({"role": "assistant", "content": ""})
     made, line = 0, 0
     while made < size:
         words = []
@@ -55,22 +56,20 @@ def content_events(size: int, piece: int) -> list[bytes]:
             length += len(word)
             line += 1
         text = "".join(words)[: size - made]
-        events.append(_event({"content": text}))
+        yield _event({"content": text})
         made += len(text)
-    events.append(_event({}, "stop"))
-    return events
+    yield _event({}, "stop")
 
 
-def call_events(calls: int) -> list[bytes]:
+def call_events(calls: int) -> Iterator[bytes]:
     """Events carrying `calls` tool calls, each as a name delta and an arguments delta."""
-    events = [_event({"role": "assistant", "content": ""})]
+    yield _event({"role": "assistant", "content": ""})
     for index in range(calls):
-        events.append(_event({"tool_calls": [{"index": index, "id": f"call_{index}", "type": "function",
-                                              "function": {"name": "read_file", "arguments": ""}}]}))
-        events.append(_event({"tool_calls": [{"index": index, "function": {
-            "arguments": json.dumps({"path": f"src/module_{index}/file_{index % 97}.py"})}}]}))
-    events.append(_event({}, "tool_calls"))
-    return events
+        yield _event({"tool_calls": [{"index": index, "id": f"call_{index}", "type": "function",
+                                      "function": {"name": "read_file", "arguments": ""}}]})
+        yield _event({"tool_calls": [{"index": index, "function": {
+            "arguments": json.dumps({"path": f"src/module_{index}/file_{index % 97}.py"})}}]})
+    yield _event({}, "tool_calls")
 
 
 class _Together:
@@ -152,7 +151,8 @@ class _Connection(asyncio.Protocol):
         assert transport is not None
         if held:
             await self.together.open.wait()
-        # Built per request and dropped after: the server's own memory stays one answer per stream.
+        # Made batch by batch as the client reads: the server holds about one batch per stream, and each
+        # stream's first bytes come at once however many answers are being made.
         events = content_events(n, self.piece) if kind == "content" else call_events(n)
         transport.write(_HEAD)
         batch: list[bytes] = []
@@ -164,6 +164,7 @@ class _Connection(asyncio.Protocol):
                 transport.write(b"".join(batch))
                 batch, size = [], 0
                 await self.drained.wait()
+                await asyncio.sleep(0)  # the other streams' turn
                 if transport.is_closing():
                     return
         transport.write(b"".join(batch) + _TAIL)

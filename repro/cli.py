@@ -128,7 +128,7 @@ def run_command(
     ),
     max_bytes_in_flight: int | None = typer.Option(
         None, "--max-bytes-in-flight",
-        help="Answer bytes held at once; at the limit new turns wait, counted as client queueing (default: 1/4 of RAM).",
+        help="Answer bytes held at once; at the limit new turns wait, counted as client queueing (default: 1/8 of RAM).",
     ),
     workload: Path | None = typer.Option(None, "--workload", help="Workload YAML, or a trace of recorded conversations (.jsonl) to replay (default: experiments/agentic_coding.yaml)."),
     seed: int | None = typer.Option(None, "--seed", help="Seed of the session tasks (default: 0)."),

@@ -72,7 +72,7 @@ class RunOptions(BaseModel):
     """Cap on one response's bytes: a longer one is cut there and the turn is an error."""
     max_bytes_in_flight: int | None = Field(default=None, ge=1024)
     """Answer bytes the client holds at once, all workers together; more and new turns wait (client queueing,
-    not latency); none: a quarter of the machine's memory."""
+    not latency); none: an eighth of the machine's memory."""
     workload: Path | None = None
     """Workload YAML, or a trace (.jsonl) to replay; none: the packaged experiments/agentic_coding.yaml."""
     seed: int = 0

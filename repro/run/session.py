@@ -38,6 +38,7 @@ from repro.store.records import SessionRecord, TurnRecord, corrupt_seen
 from repro.wire.budget import Ticket
 from repro.wire.client import MAX_TURN_BYTES, BodyEncoder, TurnResult, send_turn
 from repro.wire.rawtext import RawText
+from repro.wire.spool import Spooled, give_back, whole
 from repro.workload.context import context_document
 from repro.wire.transport import Endpoint, HTTPClient
 from repro.workload import sandbox
@@ -165,7 +166,10 @@ async def _judge(plan: ObservePlan, result: TurnResult, tools: Any, tool_choice:
     limiter = _OFF_LOOP.get(loop)
     if limiter is None:
         limiter = _OFF_LOOP[loop] = anyio.CapacityLimiter(1)
-    return await anyio.to_thread.run_sync(verdicts, abandon_on_cancel=True, limiter=limiter)
+    judgement = await anyio.to_thread.run_sync(verdicts, abandon_on_cancel=True, limiter=limiter)
+    if isinstance(result.raw, Spooled):
+        give_back()  # the checker's working copies of a big reply are free now
+    return judgement
 
 
 class Session:
@@ -360,7 +364,7 @@ class Session:
         # A turn is kept when either verdict is not clean, so a parser's hidden damage has its evidence.
         verdicts = (record.verdict, record.raw_verdict or "clean", record.parsed_verdict or "clean")
         if any(verdict != "clean" for verdict in verdicts) or record.lost_findings:
-            record.raw_path = self.keep_raw(self.session_id, record.index, result.raw)
+            record.raw_path = self.keep_raw(self.session_id, record.index, whole(result.raw))
             if rawtext is not None:
                 record.raw_text_path = self.keep_raw(
                     self.session_id, record.index, rawtext.text.encode("utf-8", "surrogatepass"), suffix=RAW_TEXT_SUFFIX

@@ -30,12 +30,12 @@ _RECENT = 64
 
 
 def default_limit() -> int:
-    """A quarter of the machine's physical memory: answers cost about twice their bytes in the client."""
+    """An eighth of the machine's physical memory: an answer costs the client two to three times its bytes."""
     try:
         total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):
         total = 4 << 30
-    return max(256 << 20, total // 4)
+    return max(256 << 20, total // 8)
 
 
 class Ticket:

@@ -23,6 +23,7 @@ import anyio
 from dsml_checker import StreamAccumulator
 from repro.wire.budget import InFlight, Ticket
 from repro.wire.rawtext import LogprobText, RawCollector
+from repro.wire.spool import SPOOL_AT, Spooled, give_back, whole
 from repro.store.records import TurnStatus
 from repro.wire.transport import Endpoint, HTTPClient, TransportError
 from repro.untrusted import parse_json
@@ -49,8 +50,9 @@ class TurnResult:
     """What one request produced. `message` is the assembled assistant message when status is `ok`."""
 
     status: TurnStatus
-    raw: bytes | bytearray = b""
-    """The response's bytes as read (the reader's own buffer, handed over: a big answer is not copied)."""
+    raw: bytes | bytearray | Spooled = b""
+    """The response's bytes as read: the reader's own buffer, handed over (not copied), or for a streamed
+    answer past `SPOOL_AT` its temporary file (`repro.wire.spool.whole` reads either)."""
     message: dict[str, Any] | None = None
     finish_reason: str | None = None
     usage: dict[str, Any] | None = None
@@ -362,7 +364,7 @@ class _Turn:
         self.max_bytes = max_bytes
         self.rawtext = rawtext
         self.reader = _SSEReader(self.clock, rawtext)
-        self.raw = bytearray()
+        self.raw: bytearray | Spooled = bytearray()
         self.status: int | None = None
         self.location: str | None = None
         self.parse = False
@@ -399,10 +401,10 @@ class _Turn:
         room = self.max_bytes - len(self.raw)
         if len(data) > room:
             # Keep (and parse) no more than the cap: an endless stream must not grow memory or the raw file.
-            self.raw += data[:room]
+            self._keep(data[:room])
             self.truncated = True
             raise _Failure(f"response exceeded {self.max_bytes} bytes; reading stopped there")
-        self.raw += data
+        self._keep(data)
         if self.ticket.grow(len(data)) and self.transport is not None:
             # Over the run's byte budget: no more reading until an older turn makes room.
             self.transport.pause_reading()
@@ -411,6 +413,18 @@ class _Turn:
         if self.parse:
             self.reader.feed(data)
 
+    def _keep(self, data: bytes) -> None:
+        raw = self.raw
+        if isinstance(raw, bytearray):
+            if self.parse and len(raw) + len(data) > SPOOL_AT:
+                # Only a streamed answer goes to disk: any other body is parsed whole from memory.
+                self.raw = Spooled(raw)
+                self.raw.append(data)
+            else:
+                raw += data
+        else:
+            raw.append(data)
+
     def conclude(self, result: TurnResult) -> None:
         """The response has ended: fill `result` from it, or raise _Failure when it is not a whole answer.
 
@@ -418,7 +432,7 @@ class _Turn:
         """
         assert self.status is not None
         if self.status >= 400:
-            raise _Failure(_http_error(self.status, bytes(self.raw)))
+            raise _Failure(_http_error(self.status, bytes(whole(self.raw))))
         if not 200 <= self.status < 300:
             raise _Failure(_not_an_answer(self.status, self.location))
         rawtext = self.rawtext
@@ -431,7 +445,7 @@ class _Turn:
             result.finish_reason = reader.accumulator.finish_reason
             result.usage = reader.accumulator.usage
         else:
-            message, finish, usage, request_id = _parse_completion(bytes(self.raw), rawtext)
+            message, finish, usage, request_id = _parse_completion(bytes(whole(self.raw)), rawtext)
             # Without streaming the first answer byte is the closest thing to a first token.
             self.clock.first_token = self.clock.first_bytes
             result.message, result.finish_reason, result.usage = message, finish, usage
@@ -444,7 +458,7 @@ class _Turn:
         if self.stream:
             self.reader.finish()
         else:
-            rawtext.add_body(_json_object(bytes(self.raw)))
+            rawtext.add_body(_json_object(bytes(whole(self.raw))))
             self.clock.first_token = self.clock.first_bytes
             result.chunks = 1
         problem = rawtext.problem()
@@ -604,4 +618,7 @@ async def send_turn(
     if turn.truncated:
         result.truncated_at = len(result.raw)
     clock.fill(result)
+    if isinstance(turn.raw, Spooled):
+        turn.reader.accumulator = StreamAccumulator()  # the answer's pieces: its text is whole in `result`
+        give_back()
     return result
