@@ -1,21 +1,28 @@
-"""The run-wide budget of answer bytes in flight: new turns wait for room, a turn over it is paused unless it is
-the oldest, the waits are client queueing in the records and the report, and every session still finishes."""
+"""Memory bounded by what is in flight: the run-wide budget of answer bytes (new turns wait for room, a turn over
+it is paused unless it is the oldest, the waits are client queueing in the records and the report, and every
+session still finishes), and a big answer spooled to disk is kept byte for byte."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Iterator
 
 import anyio
 import pytest
+from faulty_servers import MODEL, huge_reply
 from run_builders import run
 
 from repro.procs.process import free_port, start_process, wait_http_ready
 from repro.report.queueing import queueing_note
+from repro.run.session import Session, SessionConfig
+from repro.store.records import SessionRecord
 from repro.store.rundir import load_run
 from repro.wire import client
 from repro.wire.budget import MIN_ESTIMATE, InFlight, Ticket
+from repro.wire.spool import SPOOL_AT
+from repro.workload.scenario import load_workload
 
 SERVER = Path(__file__).resolve().parents[1] / "benchmarks" / "big_answer_server.py"
 
@@ -137,3 +144,30 @@ def test_the_report_notes_turns_that_queued_in_the_client(tmp_path: Path) -> Non
     loaded.sessions[0].turns[0].queue_s = 2.5
     note = queueing_note(loaded.sessions)
     assert note is not None and note.startswith("1 turn queued") and "2.5 s" in note and "not as server latency" in note
+
+
+def test_a_big_answer_kept_from_its_spool_file_is_the_bytes_the_server_sent(faulty: str, tmp_path: Path) -> None:
+    """Past SPOOL_AT a streamed answer waits on disk; a corrupt turn's raw/ file is still exactly what came."""
+    chars = SPOOL_AT + 1_000_000
+    kept: dict[str, bytes] = {}
+
+    def keep_raw(session_id: int, turn: int, data: bytes, *, suffix: str = "sse") -> str:
+        kept[f"{session_id}-{turn}.{suffix}"] = bytes(data)
+        return f"{session_id}-{turn}.{suffix}"
+
+    async def go() -> SessionRecord:
+        config = SessionConfig(url=f"{faulty}/huge:{chars}/v1/chat/completions", model=MODEL,
+                               workload=load_workload().workload, turns=1)
+        async with client.make_client(1, max_bytes_in_flight=SPOOL_AT) as http:
+            return await Session(0, config, http, keep_raw=keep_raw, origin=0.0).run()
+
+    record = anyio.run(go)
+    assert record.turns[0].status == "ok" and record.turns[0].verdict == "corrupt"
+    raw = kept["0-0.sse"]
+    assert len(raw) > SPOOL_AT
+    # The server's own text, rebuilt from the kept bytes' events, is the reply it was asked to make.
+    content = "".join(
+        (json.loads(line[6:])["choices"] or [{}])[0].get("delta", {}).get("content") or ""
+        for line in raw.decode().split("\n") if line.startswith("data: {")
+    )
+    assert content == huge_reply(chars)

@@ -181,8 +181,11 @@ class _SSEReader:
                 and data[-1] == 10 and data[-3] != 13):
             # The usual piece, one whole event `data: {...}` + a blank line (no CR): what the general path
             # below does with it, without splitting lines (a streamed chunk's largest cost after its JSON).
-            self.data.append(data[6:-2])
-            self._dispatch()
+            if self.data:
+                self.data.append(data[6:-2])
+                self._dispatch()
+            else:
+                self._event(data[6:-2])
             return
         # Only the new bytes are searched for a newline: re-splitting the buffer made a long line quadratic.
         start = 0
@@ -216,6 +219,10 @@ class _SSEReader:
             return
         payload = b"\n".join(self.data)
         self.data = []
+        self._event(payload)
+
+    def _event(self, payload: bytes) -> None:
+        """One whole event's data."""
         if self.done:
             raise _Failure("malformed stream: data after [DONE]")
         if payload.strip() == b"[DONE]":
