@@ -218,6 +218,7 @@ class Session:
                 break
             if not await self._turn(index, min(config.turn_timeout, remaining)):
                 break
+            deadline += self.turns[-1].queue_s  # time queued in the client is not the session's to spend
         return self._record(None)
 
     async def _turn(self, index: int, budget: float) -> bool:

@@ -367,6 +367,8 @@ class _Turn:
         self.clock = _Clock()
         self.ticket = ticket
         self.transport: asyncio.Transport | None = None
+        self.budget: anyio.CancelScope | None = None
+        """The turn's time budget, lengthened by any time the byte budget held its reading paused."""
         self.stream = stream
         self.max_bytes = max_bytes
         self.rawtext = rawtext
@@ -382,7 +384,10 @@ class _Turn:
         self.transport = transport
 
     def _resume(self) -> None:
+        paused_at = self.clock.paused_at
         self.clock.resume()
+        if paused_at is not None and self.budget is not None:
+            self.budget.deadline += time.perf_counter() - paused_at  # the hold is not the turn's time either
         if self.transport is not None and not self.transport.is_closing():
             self.transport.resume_reading()
 
@@ -588,10 +593,17 @@ async def send_turn(
     turn = _Turn(stream, max_bytes, held, rawtext)
     clock = turn.clock
     result = TurnResult(status="error")
+    try:
+        # Outside the turn's time budget: waiting for room is the client's doing, not the server's.
+        await held.admit()
+    except BaseException:
+        if owned:
+            held.release()
+        raise
     with anyio.move_on_after(turn_timeout) as budget, anyio.CancelScope() as stall_scope:
+        turn.budget = budget
         watch = _StallWatch(clock, stall_timeout, stall_scope)
         try:
-            await held.admit()
             await client.post(
                 endpoint,
                 (encoder or BodyEncoder()).encode(body),
