@@ -27,6 +27,8 @@ import asyncio
 import json
 from typing import Iterator
 
+from fast_stream_server import take_request
+
 _HEAD = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n"
          b"connection: keep-alive\r\n\r\n")
 _MODELS = json.dumps({"object": "list", "data": [{"id": "bench", "object": "model"}]}).encode()
@@ -117,20 +119,10 @@ class _Connection(asyncio.Protocol):
     def _next(self) -> None:
         if self.busy:
             return
-        head_end = self.buffer.find(b"\r\n\r\n")
-        if head_end < 0:
+        request = take_request(self.buffer)
+        if request is None:
             return
-        head = self.buffer[:head_end].decode("latin-1")
-        length = 0
-        for line in head.split("\r\n")[1:]:
-            name, _, value = line.partition(":")
-            if name.strip().lower() == "content-length":
-                length = int(value)
-        total = head_end + 4 + length
-        if len(self.buffer) < total:
-            return
-        body, self.buffer = self.buffer[head_end + 4 : total], self.buffer[total:]
-        path = head.split(" ", 2)[1]
+        path, body, self.buffer = request
         assert self.transport is not None
         parts = path.strip("/").split("/")
         if path.endswith("/chat/completions") and len(parts) >= 2 and parts[0] in ("content", "calls"):

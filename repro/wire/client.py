@@ -23,7 +23,7 @@ import anyio
 from dsml_checker import StreamAccumulator
 from repro.wire.budget import InFlight, Ticket
 from repro.wire.rawtext import LogprobText, RawCollector
-from repro.wire.spool import SPOOL_AT, Spooled, give_back, whole
+from repro.wire.spool import SPOOL_AT, Spooled, give_back, map_big_blocks, whole
 from repro.store.records import TurnStatus
 from repro.wire.transport import Endpoint, HTTPClient, TransportError
 from repro.untrusted import parse_json
@@ -42,6 +42,7 @@ def make_client(concurrency: int, *, headers: dict[str, str] | None = None,
     """
     client = HTTPClient(concurrency, headers=headers)
     client.budget = InFlight(max_bytes_in_flight)
+    map_big_blocks()
     return client
 
 

@@ -48,14 +48,29 @@ def whole(raw: bytes | bytearray | Spooled) -> bytes | bytearray:
     return raw.read() if isinstance(raw, Spooled) else raw
 
 
-def _malloc_trim() -> Callable[[int], int] | None:
+def _libc() -> ctypes.CDLL | None:
     try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim  # type: ignore[no-any-return]
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.malloc_trim, libc.mallopt  # noqa: B018 (glibc's, or none of this applies)
     except (OSError, AttributeError):
-        return None  # not glibc: nothing to give back this way
+        return None
+    return libc
 
 
-_TRIM = _malloc_trim()
+_LIBC = _libc()
+_M_MMAP_THRESHOLD = -3
+_MAPPED_FROM = 1 << 20
+
+
+def map_big_blocks() -> None:
+    """Blocks of a megabyte or more come straight from the system and go straight back when freed.
+
+    glibc otherwise raises that threshold to the largest block freed so far (up to 32 MB), so after one
+    big answer the checker's copies of the next one come from the heap, whose pages stay with the process.
+    Set once per process; elsewhere than glibc this does nothing.
+    """
+    if _LIBC is not None:
+        _LIBC.mallopt(_M_MMAP_THRESHOLD, _MAPPED_FROM)
 
 
 def give_back() -> None:
@@ -65,5 +80,5 @@ def give_back() -> None:
     the answer's joined text and the checker's copies of it are then fresh pages on top. glibc's
     malloc_trim releases the free pages in place; elsewhere this does nothing.
     """
-    if _TRIM is not None:
-        _TRIM(0)
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)
