@@ -411,14 +411,19 @@ class _Turn:
 
     def body(self, data: bytes) -> None:
         self.clock.got_bytes()
-        room = self.max_bytes - len(self.raw)
-        if len(data) > room:
+        raw = self.raw
+        size = len(data)
+        room = self.max_bytes - len(raw)
+        if size > room:
             # Keep (and parse) no more than the cap: an endless stream must not grow memory or the raw file.
             self._keep(data[:room])
             self.truncated = True
             raise _Failure(f"response exceeded {self.max_bytes} bytes; reading stopped there")
-        self._keep(data)
-        if self.ticket.grow(len(data)) and self.transport is not None:
+        if isinstance(raw, bytearray) and len(raw) + size <= SPOOL_AT:
+            raw += data  # the usual piece: no call on the way (every streamed chunk passes here)
+        else:
+            self._keep(data)
+        if self.ticket.grow(size) and self.transport is not None:
             # Over the run's byte budget: no more reading until an older turn makes room.
             self.transport.pause_reading()
             self.clock.pause()
