@@ -7,11 +7,16 @@ not counted), through the real stack (load → session → client → dsml_check
    turn, no pacing; CPU time of this process divided out, the two runs solved for a per-turn base
    and a per-chunk cost. Measured twice: parsed mode (the production request), and raw mode with
    log-probabilities on (`logprobs: true`: each chunk carries its tokens, the text is rebuilt from
-   them and judged by check_raw at the end of the turn).
+   them and judged by check_raw at the end of the turn). The floor (benchmarks/stream_floor.py: a
+   uvloop+httptools client that only frames the responses) runs the same sessions against the same
+   servers in the same run: its per-turn cost is printed beside repro's (unpaced, a whole answer is
+   one read for it, so its per-chunk cost shows only in the sweep).
 2. Sustained concurrency: C sessions at once for C = 250, 500, 1000, 2000, ... with paced streams
    shaped like a loaded DeepSeek deployment (default: 2 s to the first chunk, then 32 chunks 0.25 s
    apart, a 10 s turn; starts spread over 5 s); for each C the client's event-loop lag p99; the
-   largest C with p99 under 50 ms is the figure of merit (target 2,000).
+   largest C with p99 under 50 ms is the figure of merit (target 2,000). At each C the floor runs the
+   same paced streams next, and repro's CPU per paced chunk (its turn costs included) is printed as a
+   ratio to the floor's.
 
 Usage: `python benchmarks/bench_client.py [--levels 250,500,1000,2000,3000] [--quick]`. Prints numbers only.
 """
@@ -19,6 +24,9 @@ Usage: `python benchmarks/bench_client.py [--levels 250,500,1000,2000,3000] [--q
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -40,6 +48,7 @@ from repro.wire.client import make_client
 from repro.workload.scenario import load_workload
 
 SERVER = Path(__file__).resolve().parent / "fast_stream_server.py"
+FLOOR = Path(__file__).resolve().parent / "stream_floor.py"
 LAG_LIMIT_S = 0.050
 
 
@@ -83,13 +92,24 @@ def p99(values: list[float]) -> float:
     return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] if ordered else float("nan")
 
 
+def floor_run(url: str, sessions: int, turns: int, ramp_up: float = 0.0) -> dict[str, float]:
+    """The floor client on the same sessions, in its own process (benchmarks/stream_floor.py): chunks, cpu_s, lag_p99_s."""
+    port = url.split(":")[-1].split("/")[0]
+    out = subprocess.run([sys.executable, str(FLOOR), "--child", f"{port}:{sessions}:{turns}:{ramp_up}"],
+                         capture_output=True, text=True, timeout=3600, check=True).stdout
+    return json.loads(out)
+
+
 def cpu_costs(sessions: int, turns: int) -> None:
+    floor: dict[int, float] = {}
     for label, observe in (("logprobs off (parsed)", PARSED), ("logprobs on (both)", RAW)):
         per_turn: dict[int, float] = {}
         for chunks in (1, 64):
             proc, url = start_server(chunks, 0.0, final_after=turns)
             try:
                 records, _, wall, cpu = drive(url, sessions, turns, observe=observe)
+                if chunks not in floor:
+                    floor[chunks] = floor_run(url, sessions, turns)["cpu_s"] / (sessions * turns)
             finally:
                 proc.stop()
             done = sum(len(r.turns) for r in records)
@@ -100,8 +120,9 @@ def cpu_costs(sessions: int, turns: int) -> None:
                   f"{1e3 * cpu / done:.3f} ms CPU/turn ({bad} sessions not clean, {unjudged} turns without a raw verdict)")
         per_chunk = (per_turn[64] - per_turn[1]) / 63
         base = per_turn[1] - per_chunk
-        print(f"cpu, {label}: per streamed chunk {1e6 * per_chunk:.1f} us; "
-              f"per turn (request, judge, tools) {1e3 * base:.3f} ms")
+        print(f"cpu, {label}: per streamed chunk {1e6 * per_chunk:.1f} us; per turn (request, judge, tools) "
+              f"{1e3 * base:.3f} ms ({base / floor[1]:.1f}x the floor's {1e3 * floor[1]:.3f} ms a turn); "
+              f"load average {os.getloadavg()[0]:.2f}")
 
 
 def concurrency(levels: list[int], turns: int, ttft: float, chunks: int, interval: float, ramp_up: float) -> None:
@@ -112,6 +133,7 @@ def concurrency(levels: list[int], turns: int, ttft: float, chunks: int, interva
         proc, url = start_server(chunks, interval, final_after=turns, ttft=ttft)
         try:
             records, lag, wall, cpu = drive(url, level, turns, ramp_up)
+            low = floor_run(url, level, turns, ramp_up)
         finally:
             proc.stop()
         done = sum(len(r.turns) for r in records)
@@ -119,11 +141,14 @@ def concurrency(levels: list[int], turns: int, ttft: float, chunks: int, interva
         lag99 = p99(lag)
         ok = lag99 < LAG_LIMIT_S and bad == 0
         best = level if ok else best
+        per_chunk = cpu / (done * chunks)
+        floor_chunk = low["cpu_s"] / max(1, low["chunks"])
         print(f"concurrency {level:5d}: {done} turns in {wall:.1f}s ({done / wall:.0f} turns/s, "
               f"{done * chunks / wall:.0f} chunks/s), client CPU {cpu / wall:.0%} of a core "
-              f"({1e6 * cpu / (done * chunks):.0f} us per paced chunk, turn costs included), "
+              f"({1e6 * per_chunk:.0f} us per paced chunk, turn costs included: {per_chunk / floor_chunk:.2f}x the "
+              f"floor's {1e6 * floor_chunk:.1f} us, whose loop lag p99 was {1e3 * low['lag_p99_s']:.1f} ms), "
               f"loop lag p99 {1e3 * lag99:.1f} ms, max {1e3 * max(lag, default=0):.1f} ms, "
-              f"{bad} not clean -> {'ok' if ok else 'over'}")
+              f"{bad} not clean -> {'ok' if ok else 'over'}; load average {os.getloadavg()[0]:.2f}")
         if not ok:
             break
     print(f"largest concurrency with loop lag p99 < {1e3 * LAG_LIMIT_S:.0f} ms: {best}")

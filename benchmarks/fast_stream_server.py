@@ -182,6 +182,23 @@ class Pacer:
         return True
 
 
+def take_request(buffer: bytes) -> tuple[str, bytes, bytes] | None:
+    """The first whole request in `buffer` (its path and body) and the bytes after it; None until it is whole."""
+    head_end = buffer.find(b"\r\n\r\n")
+    if head_end < 0:
+        return None
+    head = buffer[:head_end].decode("latin-1")
+    length = 0
+    for line in head.split("\r\n")[1:]:
+        name, _, value = line.partition(":")
+        if name.strip().lower() == "content-length":
+            length = int(value)
+    total = head_end + 4 + length
+    if len(buffer) < total:
+        return None
+    return head.split(" ", 2)[1], buffer[head_end + 4 : total], buffer[total:]
+
+
 class Connection(asyncio.Protocol):
     def __init__(self, plan: Plan, pacer: Pacer) -> None:
         self.plan = plan
@@ -200,20 +217,10 @@ class Connection(asyncio.Protocol):
     def _next(self) -> None:
         if self.busy:
             return
-        head_end = self.buffer.find(b"\r\n\r\n")
-        if head_end < 0:
+        request = take_request(self.buffer)
+        if request is None:
             return
-        head = self.buffer[:head_end].decode("latin-1")
-        length = 0
-        for line in head.split("\r\n")[1:]:
-            name, _, value = line.partition(":")
-            if name.strip().lower() == "content-length":
-                length = int(value)
-        total = head_end + 4 + length
-        if len(self.buffer) < total:
-            return
-        body, self.buffer = self.buffer[head_end + 4 : total], self.buffer[total:]
-        path = head.split(" ", 2)[1]
+        path, body, self.buffer = request
         if path.endswith("/chat/completions"):
             if self.plan.first_request_file is not None:
                 self.plan.first_request_file.write_text(repr(time.time()))

@@ -113,6 +113,9 @@ class Sink:
     refuse: bool = False
     first_body: anyio.Event = field(default_factory=anyio.Event)
 
+    def reading(self, transport: object) -> None:
+        pass
+
     def started(self) -> None:
         self.events.append("started")
 

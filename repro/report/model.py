@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal, Sequence
 
 from repro.cluster.node import describe as describe_node
 from repro.store.exercise import idle_reasons
+from repro.report.queueing import queueing_note
 from repro.store.loops import ControlReport, count_loops, read_control
 from repro.store.records import Exercise, FindingRecord, LoopCounts, OutcomeCounts, ParserEffect, SessionRecord, StoppingRecord, TurnRecord
 from repro.report.raw import RawExcerpt, read_raw, response_fields
@@ -463,7 +464,7 @@ def run_view(run: Run, *, confidence: float = 0.95) -> RunView:
         finished=run.summary is not None,
         gate=run.summary.gate if run.summary is not None else None,
         metrics=metrics,
-        notes=[metrics_note] if metrics_note else [],
+        notes=[note for note in (metrics_note, queueing_note(run.sessions)) if note],
         observe=observe,
         effect=effect,
         parser=parser,

@@ -119,7 +119,7 @@ async def drive(
     duration = 0.0
     loop = asyncio.get_running_loop()
     async with (
-        make_client(concurrency) as client,
+        make_client(concurrency, max_bytes_in_flight=config.max_bytes_in_flight) as client,
         httpx.AsyncClient(trust_env=False, headers=config.headers, verify=tls_for(base_url)) as side_client,
         anyio.create_task_group() as group,
     ):

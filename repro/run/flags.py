@@ -22,6 +22,9 @@ LOAD_FLAGS = OptionGroup(
         None, "--stall-timeout", help="No bytes this long: wedged (default: 30).")),
     max_turn_bytes=(int | None, typer.Option(
         None, "--max-turn-bytes", help="Cut a response longer than this and call the turn an error (default: 64 MiB).")),
+    max_bytes_in_flight=(int | None, typer.Option(
+        None, "--max-bytes-in-flight", help="Answer bytes held at once; at the limit new turns wait, counted as "
+        "client queueing (default: 1/8 of RAM).")),
     workload=(Path | None, typer.Option(
         None, "--workload", help="Workload YAML, or a trace of recorded conversations (.jsonl) to replay "
         "(default: experiments/agentic_coding.yaml).")),

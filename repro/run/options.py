@@ -70,6 +70,9 @@ class RunOptions(BaseModel):
     """A stream silent this many seconds is wedged: the turn ends as a timeout."""
     max_turn_bytes: int = Field(default=MAX_TURN_BYTES, ge=1024)
     """Cap on one response's bytes: a longer one is cut there and the turn is an error."""
+    max_bytes_in_flight: int | None = Field(default=None, ge=1024)
+    """Answer bytes the client holds at once, all workers together; more and new turns wait (client queueing,
+    not latency); none: an eighth of the machine's memory."""
     workload: Path | None = None
     """Workload YAML, or a trace (.jsonl) to replay; none: the packaged experiments/agentic_coding.yaml."""
     seed: int = 0

@@ -23,6 +23,7 @@ from repro.run.rawprobe import PROBE_TIMEOUT_S, ProbeRequest, ProbeResult, probe
 from repro.run.session import SessionConfig
 from repro.run.target import Target
 from repro.store.records import Manifest
+from repro.wire.budget import default_limit
 from repro.workload.scenario import LoadedScenario, Workload
 from repro.workload.trace import Trace
 
@@ -45,6 +46,8 @@ def session_config(options: RunOptions, target: Target, workload: Workload | Tra
         turn_timeout=options.turn_timeout,
         stall_timeout=options.stall_timeout,
         max_turn_bytes=options.max_turn_bytes,
+        # Each worker process holds its share of the run's budget.
+        max_bytes_in_flight=(options.max_bytes_in_flight or default_limit()) // max(1, options.workers),
         extra_body=options.extra_body,
         headers=headers,
         clock_url=clock.clock_url(target.server_info, target.base_url),

@@ -64,6 +64,7 @@ class ReplaySession(Session):
             self.messages = [message.sent() for message in conversation.messages[:position]]
             if await self._exchange(index, min(config.turn_timeout, remaining)) is None:
                 break
+            deadline += self.turns[-1].queue_s  # time queued in the client is not the session's to spend
         else:
             self.finished = len(positions) == len(conversation.turn_positions())
         return self._record(None)

@@ -15,8 +15,10 @@ workload's recovery prompt is sent, so later turns show whether the damage persi
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -33,8 +35,10 @@ from repro.run.observe import (
     turn_request,
 )
 from repro.store.records import SessionRecord, TurnRecord, corrupt_seen
+from repro.wire.budget import Ticket
 from repro.wire.client import MAX_TURN_BYTES, BodyEncoder, TurnResult, send_turn
 from repro.wire.rawtext import RawText
+from repro.wire.spool import Spooled, give_back, whole
 from repro.workload.context import context_document
 from repro.wire.transport import Endpoint, HTTPClient
 from repro.workload import sandbox
@@ -43,6 +47,9 @@ from repro.workload.trace import Trace
 
 _OFF_LOOP_BYTES = 1 << 16
 """Replies this long or longer are judged off the event loop (about a millisecond of checking per 64 KB)."""
+_OFF_LOOP: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, anyio.CapacityLimiter] = weakref.WeakKeyDictionary()
+"""Per event loop, one reply judged off the loop at a time: the GIL lets no two run at once anyway, and the
+checker's working copies of a reply of megabytes then exist for one reply, not for every long reply in flight."""
 
 RawKeeper = Callable[..., str | None]
 """(session id, turn index, bytes, suffix=…) → path of the kept bytes relative to the run directory."""
@@ -65,6 +72,8 @@ class SessionConfig:
     turn_timeout: float = 120.0
     stall_timeout: float = 30.0
     max_turn_bytes: int = MAX_TURN_BYTES
+    max_bytes_in_flight: int | None = None
+    """The answer bytes one process's turns hold at once (repro.wire.budget); None: no limit."""
     extra_body: dict[str, Any] = field(default_factory=dict)
     headers: dict[str, str] = field(default_factory=dict)
     observe: ObservePlan = field(default_factory=ObservePlan)
@@ -153,7 +162,14 @@ async def _judge(plan: ObservePlan, result: TurnResult, tools: Any, tool_choice:
     )
     if len(result.raw) < _OFF_LOOP_BYTES:
         return verdicts()
-    return await anyio.to_thread.run_sync(verdicts, abandon_on_cancel=True)
+    loop = asyncio.get_running_loop()
+    limiter = _OFF_LOOP.get(loop)
+    if limiter is None:
+        limiter = _OFF_LOOP[loop] = anyio.CapacityLimiter(1)
+    judgement = await anyio.to_thread.run_sync(verdicts, abandon_on_cancel=True, limiter=limiter)
+    if isinstance(result.raw, Spooled):
+        give_back()  # the checker's working copies of a big reply are free now
+    return judgement
 
 
 class Session:
@@ -202,6 +218,7 @@ class Session:
                 break
             if not await self._turn(index, min(config.turn_timeout, remaining)):
                 break
+            deadline += self.turns[-1].queue_s  # time queued in the client is not the session's to spend
         return self._record(None)
 
     async def _turn(self, index: int, budget: float) -> bool:
@@ -248,7 +265,16 @@ class Session:
 
     async def _exchange(self, index: int, budget: float) -> tuple[dict[str, Any], str] | None:
         """Send `self.messages`, judge the answer and record the turn: the answer's message and verdict, or
-        None when the turn failed (the session's failure and error are then set)."""
+        None when the turn failed (the session's failure and error are then set).
+
+        The answer's bytes count against the client's in-flight budget until the turn is recorded."""
+        ticket = self.client.budget.ticket()
+        try:
+            return await self._exchange_held(index, budget, ticket)
+        finally:
+            ticket.release()
+
+    async def _exchange_held(self, index: int, budget: float, ticket: Ticket) -> tuple[dict[str, Any], str] | None:
         config = self.config
         start_s = self.turn_start_s = self._now()
         try:
@@ -269,6 +295,7 @@ class Session:
             max_bytes=config.max_turn_bytes,
             rawtext=collector,
             encoder=self.encoder,
+            ticket=ticket,
         )
         record = self._turn_record(index, start_s, result)
         rawtext: RawText | None = None
@@ -338,7 +365,7 @@ class Session:
         # A turn is kept when either verdict is not clean, so a parser's hidden damage has its evidence.
         verdicts = (record.verdict, record.raw_verdict or "clean", record.parsed_verdict or "clean")
         if any(verdict != "clean" for verdict in verdicts) or record.lost_findings:
-            record.raw_path = self.keep_raw(self.session_id, record.index, result.raw)
+            record.raw_path = self.keep_raw(self.session_id, record.index, whole(result.raw))
             if rawtext is not None:
                 record.raw_text_path = self.keep_raw(
                     self.session_id, record.index, rawtext.text.encode("utf-8", "surrogatepass"), suffix=RAW_TEXT_SUFFIX

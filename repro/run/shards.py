@@ -285,7 +285,7 @@ async def play_shard(job: ShardJob, emit: Callable[[Frame], None], stop: anyio.E
             emit(("progress", load_progress.in_flight, load_progress.turns))
             await anyio.sleep(PROGRESS_EVERY_S)
 
-    async with make_client(job.concurrency, headers=None) as client, anyio.create_task_group() as side:
+    async with make_client(job.concurrency, headers=None, max_bytes_in_flight=job.config.max_bytes_in_flight) as client, anyio.create_task_group() as side:
         side.start_soon(report)
         result = await run_load(
             len(ids), job.concurrency, make_session, lambda record: emit(("record", record)),

@@ -21,7 +21,9 @@ from typing import Any
 import anyio
 
 from dsml_checker import StreamAccumulator
+from repro.wire.budget import InFlight, Ticket
 from repro.wire.rawtext import LogprobText, RawCollector
+from repro.wire.spool import SPOOL_AT, Spooled, give_back, map_big_blocks, whole
 from repro.store.records import TurnStatus
 from repro.wire.transport import Endpoint, HTTPClient, TransportError
 from repro.untrusted import parse_json
@@ -31,12 +33,17 @@ MAX_TURN_BYTES = 64 * 1024 * 1024
 """Default cap on one response: ~6x a 32k-token stream with logprobs; beyond it the server is looping or hostile."""
 
 
-def make_client(concurrency: int, *, headers: dict[str, str] | None = None) -> HTTPClient:
-    """The run's one shared HTTP client: room for `concurrency` connections, no hidden cap.
+def make_client(concurrency: int, *, headers: dict[str, str] | None = None,
+                max_bytes_in_flight: int | None = None) -> HTTPClient:
+    """The run's one shared HTTP client: room for `concurrency` connections, no hidden cap; its turns
+    share a budget of `max_bytes_in_flight` answer bytes (None: no limit; see `repro.wire.budget`).
 
     Environment proxies are not consulted: the target is addressed directly, usually on loopback.
     """
-    return HTTPClient(concurrency, headers=headers)
+    client = HTTPClient(concurrency, headers=headers)
+    client.budget = InFlight(max_bytes_in_flight)
+    map_big_blocks()
+    return client
 
 
 @dataclass
@@ -44,7 +51,9 @@ class TurnResult:
     """What one request produced. `message` is the assembled assistant message when status is `ok`."""
 
     status: TurnStatus
-    raw: bytes = b""
+    raw: bytes | bytearray | Spooled = b""
+    """The response's bytes as read: the reader's own buffer, handed over (not copied), or for a streamed
+    answer past `SPOOL_AT` its temporary file (`repro.wire.spool.whole` reads either)."""
     message: dict[str, Any] | None = None
     finish_reason: str | None = None
     usage: dict[str, Any] | None = None
@@ -52,7 +61,8 @@ class TurnResult:
     request_id: str | None = None
     error: str | None = None
     queue_s: float = 0.0
-    """From the call to the first network action (a free connection in hand): client-side waiting."""
+    """Client-side waiting: from the call to the first network action (room in the byte budget, a free
+    connection in hand), plus any time the budget held the answer's reading paused."""
     ttft_s: float | None = None
     e2e_s: float | None = None
     max_gap_s: float | None = None
@@ -93,11 +103,28 @@ class _Clock:
         self.headers_late = False
         self.max_gap = 0.0
         self.stalled = False
+        self.paused_at: float | None = None
+        """Since when the client itself holds the reading paused (the byte budget): no stall, no gap."""
+        self.held = 0.0
+        """Seconds the reading was held paused in all: queueing, taken out of the server's times."""
 
     @property
     def quiet_since(self) -> float | None:
-        """Since when the server has sent nothing while the client waited for it; None before the wait began."""
+        """Since when the server has sent nothing while the client waited for it; None before the wait
+        began and while the client holds the reading paused."""
+        if self.paused_at is not None:
+            return None
         return self.last_bytes if self.last_bytes is not None else self.heard
+
+    def pause(self) -> None:
+        self.paused_at = time.perf_counter()
+
+    def resume(self) -> None:
+        if self.paused_at is not None:
+            now = time.perf_counter()
+            self.held += now - self.paused_at
+            self.paused_at = None
+            self.last_bytes = now  # the silence while paused was the client's, not a gap in the stream
 
     @property
     def origin(self) -> float:
@@ -115,8 +142,9 @@ class _Clock:
 
     def fill(self, result: TurnResult) -> None:
         end = time.perf_counter()
-        result.queue_s = self.origin - self.start
-        result.e2e_s = end - self.origin
+        self.resume()
+        result.queue_s = self.origin - self.start + self.held
+        result.e2e_s = end - self.origin - self.held
         if self.first_token is not None:
             result.ttft_s = self.first_token - self.origin
         if self.last_bytes is not None:
@@ -154,8 +182,11 @@ class _SSEReader:
                 and data[-1] == 10 and data[-3] != 13):
             # The usual piece, one whole event `data: {...}` + a blank line (no CR): what the general path
             # below does with it, without splitting lines (a streamed chunk's largest cost after its JSON).
-            self.data.append(data[6:-2])
-            self._dispatch()
+            if self.data:
+                self.data.append(data[6:-2])
+                self._dispatch()
+            else:
+                self._event(data[6:-2])
             return
         # Only the new bytes are searched for a newline: re-splitting the buffer made a long line quadratic.
         start = 0
@@ -189,6 +220,10 @@ class _SSEReader:
             return
         payload = b"\n".join(self.data)
         self.data = []
+        self._event(payload)
+
+    def _event(self, payload: bytes) -> None:
+        """One whole event's data."""
         if self.done:
             raise _Failure("malformed stream: data after [DONE]")
         if payload.strip() == b"[DONE]":
@@ -329,18 +364,33 @@ class _StallWatch:
 class _Turn:
     """The `ResponseSink` of one turn: times the response, keeps its bytes, parses the stream as it comes."""
 
-    def __init__(self, stream: bool, max_bytes: int, rawtext: RawCollector | None = None) -> None:
+    def __init__(self, stream: bool, max_bytes: int, ticket: Ticket, rawtext: RawCollector | None = None) -> None:
         self.clock = _Clock()
+        self.ticket = ticket
+        self.transport: asyncio.Transport | None = None
+        self.budget: anyio.CancelScope | None = None
+        """The turn's time budget, lengthened by any time the byte budget held its reading paused."""
         self.stream = stream
         self.max_bytes = max_bytes
         self.rawtext = rawtext
         self.reader = _SSEReader(self.clock, rawtext)
-        self.raw = bytearray()
+        self.raw: bytearray | Spooled = bytearray()
         self.status: int | None = None
         self.location: str | None = None
         self.parse = False
         """Feed the body to the SSE reader: a streamed answer with a success status."""
         self.truncated = False
+
+    def reading(self, transport: asyncio.Transport) -> None:
+        self.transport = transport
+
+    def _resume(self) -> None:
+        paused_at = self.clock.paused_at
+        self.clock.resume()
+        if paused_at is not None and self.budget is not None:
+            self.budget.deadline += time.perf_counter() - paused_at  # the hold is not the turn's time either
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.resume_reading()
 
     def started(self) -> None:
         if self.clock.sent is None:
@@ -361,15 +411,37 @@ class _Turn:
 
     def body(self, data: bytes) -> None:
         self.clock.got_bytes()
-        room = self.max_bytes - len(self.raw)
-        if len(data) > room:
+        raw = self.raw
+        size = len(data)
+        room = self.max_bytes - len(raw)
+        if size > room:
             # Keep (and parse) no more than the cap: an endless stream must not grow memory or the raw file.
-            self.raw += data[:room]
+            self._keep(data[:room])
             self.truncated = True
             raise _Failure(f"response exceeded {self.max_bytes} bytes; reading stopped there")
-        self.raw += data
+        if isinstance(raw, bytearray) and len(raw) + size <= SPOOL_AT:
+            raw += data  # the usual piece: no call on the way (every streamed chunk passes here)
+        else:
+            self._keep(data)
+        if self.ticket.grow(size) and self.transport is not None:
+            # Over the run's byte budget: no more reading until an older turn makes room.
+            self.transport.pause_reading()
+            self.clock.pause()
+            self.ticket.resume = self._resume
         if self.parse:
             self.reader.feed(data)
+
+    def _keep(self, data: bytes) -> None:
+        raw = self.raw
+        if isinstance(raw, bytearray):
+            if self.parse and len(raw) + len(data) > SPOOL_AT:
+                # Only a streamed answer goes to disk: any other body is parsed whole from memory.
+                self.raw = Spooled(raw)
+                self.raw.append(data)
+            else:
+                raw += data
+        else:
+            raw.append(data)
 
     def conclude(self, result: TurnResult) -> None:
         """The response has ended: fill `result` from it, or raise _Failure when it is not a whole answer.
@@ -378,7 +450,7 @@ class _Turn:
         """
         assert self.status is not None
         if self.status >= 400:
-            raise _Failure(_http_error(self.status, bytes(self.raw)))
+            raise _Failure(_http_error(self.status, bytes(whole(self.raw))))
         if not 200 <= self.status < 300:
             raise _Failure(_not_an_answer(self.status, self.location))
         rawtext = self.rawtext
@@ -391,7 +463,7 @@ class _Turn:
             result.finish_reason = reader.accumulator.finish_reason
             result.usage = reader.accumulator.usage
         else:
-            message, finish, usage, request_id = _parse_completion(bytes(self.raw), rawtext)
+            message, finish, usage, request_id = _parse_completion(bytes(whole(self.raw)), rawtext)
             # Without streaming the first answer byte is the closest thing to a first token.
             self.clock.first_token = self.clock.first_bytes
             result.message, result.finish_reason, result.usage = message, finish, usage
@@ -404,7 +476,7 @@ class _Turn:
         if self.stream:
             self.reader.finish()
         else:
-            rawtext.add_body(_json_object(bytes(self.raw)))
+            rawtext.add_body(_json_object(bytes(whole(self.raw))))
             self.clock.first_token = self.clock.first_bytes
             result.chunks = 1
         problem = rawtext.problem()
@@ -506,6 +578,7 @@ async def send_turn(
     max_bytes: int = MAX_TURN_BYTES,
     rawtext: RawCollector | None = None,
     encoder: BodyEncoder | None = None,
+    ticket: Ticket | None = None,
 ) -> TurnResult:
     """POST one chat completion and classify how it ended; see the module docstring.
 
@@ -514,14 +587,27 @@ async def send_turn(
     raw-text endpoint's collector (`chat` False), the answer is its text, `message` stays None and
     the finish reason, usage and request id come from the collector. A conversation's turns share an
     `encoder`, so what they have in common is encoded once.
+
+    The turn first waits for room in the client's byte budget (`ticket`, which the caller releases once
+    it no longer holds the answer; without one the turn takes and releases its own).
     """
     body = {**payload, "stream": stream}
     if stream and (rawtext is None or rawtext.source != "generate"):  # /generate takes no stream_options
         body.setdefault("stream_options", {"include_usage": True})
-    turn = _Turn(stream, max_bytes, rawtext)
+    owned = ticket is None
+    held = client.budget.ticket() if ticket is None else ticket
+    turn = _Turn(stream, max_bytes, held, rawtext)
     clock = turn.clock
     result = TurnResult(status="error")
+    try:
+        # Outside the turn's time budget: waiting for room is the client's doing, not the server's.
+        await held.admit()
+    except BaseException:
+        if owned:
+            held.release()
+        raise
     with anyio.move_on_after(turn_timeout) as budget, anyio.CancelScope() as stall_scope:
+        turn.budget = budget
         watch = _StallWatch(clock, stall_timeout, stall_scope)
         try:
             await client.post(
@@ -537,6 +623,9 @@ async def send_turn(
             result.error = str(failure)
         finally:
             watch.stop()
+            held.read()
+            if owned:
+                held.release()
     if clock.headers_late:
         result.status = "error"
         result.error = f"headers not complete after {stall_timeout:g}s (header bytes kept coming)"
@@ -550,8 +639,11 @@ async def send_turn(
     if result.request_id is None:
         result.request_id = turn.reader.request_id
     result.chunks = result.chunks or turn.reader.events
-    result.raw = bytes(turn.raw)
+    result.raw = turn.raw
     if turn.truncated:
         result.truncated_at = len(result.raw)
     clock.fill(result)
+    if isinstance(turn.raw, Spooled):
+        turn.reader.accumulator = StreamAccumulator()  # the answer's pieces: its text is whole in `result`
+        give_back()
     return result

@@ -23,6 +23,7 @@ import anyio
 import httptools
 
 from repro import __version__
+from repro.wire.budget import InFlight
 
 _USER_AGENT = f"repro/{__version__}".encode()
 MAX_HEAD_BYTES = 64 * 1024
@@ -39,6 +40,9 @@ class ResponseSink(Protocol):
     An exception raised by a sink method ends the exchange: `post` aborts the connection and
     raises it.
     """
+
+    def reading(self, transport: asyncio.Transport) -> None:
+        """The connection the response comes on: the sink may pause and resume its reading (flow control)."""
 
     def started(self) -> None:
         """A connection is in hand (before connecting or sending): the client-side wait is over."""
@@ -210,6 +214,7 @@ class _Connection(asyncio.Protocol):
         self.head_bytes = 0
         self.refusal = None
         self.done = asyncio.get_running_loop().create_future()
+        sink.reading(self.transport)
         self.transport.write(request)
         return self.done
 
@@ -240,6 +245,8 @@ class HTTPClient:
         self.headers = _header_lines(headers or {})
         self.tls: ssl.SSLContext | None = None
         self.open: set[_Connection] = set()
+        self.budget = InFlight(None)
+        """The answer bytes its turns may hold at once (`repro.wire.budget`); set by the run."""
 
     async def __aenter__(self) -> HTTPClient:
         return self
