@@ -197,12 +197,7 @@ def _ticks_quote(ticks: list[int], start: int, end: int) -> bool:
     return False
 
 
-def _single_ticks_quote(text: str, start: int, end: int) -> bool | None:
-    """Whether [start, end) is quoted, when the text quotes with a few single backticks only; None otherwise."""
-    ticks = _single_ticks(text)
-    return None if ticks is None else _ticks_quote(ticks, start, end)
-
-
+# A field's backticks not looked for yet (None is an answer: more than a few single backticks).
 _UNASKED: list[int] = []
 
 
