@@ -166,14 +166,13 @@ def _quoted_regions(text: str) -> list[tuple[int, int]]:
     return (_fenced_blocks(text) if tilde else []) + [(a - 1, b) for a, b in zip(ticks[0::2], ticks[1::2])]
 
 
-_QUICK_QUOTED = 4  # each costs a pass over the backticks: a few, then every region at once
 _QUICK_TICKS = 16
 
 
-def _single_ticks_quote(text: str, start: int, end: int) -> bool | None:
-    """Whether [start, end) is quoted, as `_quoted_regions` has it, when the text quotes with a few single
-    backticks only (no fence, no run of two); None otherwise. Finds the backticks one by one (a search for one
-    character is several times faster than one for "``" or "~~~", which most prose makes slow).
+def _single_ticks(text: str) -> list[int] | None:
+    """Where the backticks stand, when the text quotes with a few single backticks only (no fence, no run of
+    two); None otherwise. Found one by one: a search for one character is several times faster than one for
+    "``" or "~~~", which most prose makes slow.
     """
     if "~" in text and "~~~" in text:
         return None
@@ -184,7 +183,12 @@ def _single_ticks_quote(text: str, start: int, end: int) -> bool | None:
             return None
         ticks.append(at)
         at = text.find("`", at + 1)
-    # Backticks pair up in order, each pair quoting from the first to just after the second.
+    return ticks
+
+
+def _ticks_quote(ticks: list[int], start: int, end: int) -> bool:
+    """Whether [start, end) is quoted by single backticks at `ticks`, as `_quoted_regions` has it: they pair up
+    in order, each pair quoting from the first to just after the second."""
     for i in range(1, len(ticks), 2):
         if ticks[i - 1] > start:
             break
@@ -193,10 +197,14 @@ def _single_ticks_quote(text: str, start: int, end: int) -> bool | None:
     return False
 
 
+# A field's backticks not looked for yet (None is an answer: more than a few single backticks).
+_UNASKED: list[int] = []
+
+
 class _Collector:
     """Gathers one finding per rule and field, routing matches inside code spans to a single quoted-dsml."""
 
-    __slots__ = ("text", "field", "findings", "seen", "_starts", "_reach", "_asked")
+    __slots__ = ("text", "field", "findings", "seen", "_starts", "_reach", "_ticks")
 
     def __init__(self, text: str, field: str) -> None:
         self.text = text
@@ -205,15 +213,16 @@ class _Collector:
         self.seen: set[str] = set()
         self._starts: list[int] | None = None
         self._reach: list[int] = []
-        self._asked = 0
+        self._ticks: list[int] | None = _UNASKED
 
     def quoted(self, start: int, end: int) -> bool:
         if self._starts is None:
-            self._asked += 1
-            if self._asked <= _QUICK_QUOTED:
-                quick = _single_ticks_quote(self.text, start, end)
-                if quick is not None:
-                    return quick
+            # A few single backticks (most text) answer from their positions, found once per field.
+            ticks = self._ticks
+            if ticks is _UNASKED:
+                ticks = self._ticks = _single_ticks(self.text)
+            if ticks is not None:
+                return _ticks_quote(ticks, start, end)
             regions = sorted(_quoted_regions(self.text))
             self._starts = [lo for lo, _ in regions]
             # Reach of the regions opened so far: [start, end) is quoted iff some region opened at or before
@@ -411,20 +420,26 @@ def _duplicated(text: str, *, anywhere: bool) -> tuple[int, int] | None:
     return None
 
 
-def _angles_may_fire(text: str) -> bool:
-    """Whether `_scan_angles` can find anything: the text ends in an open tag, or a "<" starts one of its patterns."""
+def _angle_signals(text: str) -> tuple[int, re.Match[str] | None]:
+    """What `_scan_angles` starts from: where a truncated tag ends the text (-1: none), and the first "<" that
+    starts one of its patterns; it can find nothing when both are absent."""
     tail_at = text.rfind("<")
-    if text.find(">", tail_at) < 0 and _TRUNCATED_RE.fullmatch(text, tail_at):
-        return True
-    return _LT_RE.search(text) is not None
+    if text.find(">", tail_at) >= 0 or _TRUNCATED_RE.fullmatch(text, tail_at) is None:
+        tail_at = -1
+    return tail_at, _LT_RE.search(text)
 
 
-def _scan_angles(text: str, out: _Collector, *, reasoning: bool, tools_offered: bool) -> None:
-    """Rules anchored on "<": truncated tags, XML tool tags, special and control tokens, think tags."""
-    tail_at = text.rfind("<")
-    if text.find(">", tail_at) < 0 and _TRUNCATED_RE.fullmatch(text, tail_at):
+_NO_ANGLES: tuple[int, re.Match[str] | None] = (-1, None)
+
+
+def _scan_angles(
+    text: str, signals: tuple[int, re.Match[str] | None], out: _Collector, *, reasoning: bool, tools_offered: bool
+) -> None:
+    """Rules anchored on "<": truncated tags, XML tool tags, special and control tokens, think tags; `signals`
+    is `_angle_signals(text)`."""
+    tail_at, first = signals
+    if tail_at >= 0:
         out.add("truncated-tag", tail_at, len(text))
-    first = _LT_RE.search(text)
     if first is None:  # the usual case ("3 < 4" in prose): a search costs less than starting an iteration
         return
     xml: re.Match[str] | None = None
@@ -471,7 +486,8 @@ def scan_text(
     # ASCII-lowered bytes: bytes.lower() is several times faster than str.lower().
     lowered = encoded.lower()
     dsml_count = lowered.count(b"dsml")
-    angles = "<" in text and _angles_may_fire(text)
+    signals = _angle_signals(text) if "<" in text else _NO_ANGLES
+    angles = signals[0] >= 0 or signals[1] is not None
     dollars = "$" in text and _PLACEHOLDER_RE.search(text) is not None
     # A field without markup, tokens or placeholders (most of them) can only be a re-sent answer: one search
     # rules that out without gathering anything.
@@ -481,7 +497,7 @@ def scan_text(
     if dsml_count:
         _scan_dsml(text, lowered, dsml_count, out)
     if angles:
-        _scan_angles(text, out, reasoning=reasoning, tools_offered=tools_offered)
+        _scan_angles(text, signals, out, reasoning=reasoning, tools_offered=tools_offered)
     if dollars:
         _add_controls([m.span() for m in _PLACEHOLDER_RE.finditer(text)], out)
     markup = not MARKUP_RULES.isdisjoint(out.seen)

@@ -292,7 +292,8 @@ def scan_turn(
             found = bare_tool_tags(text, field, *vocabulary)
             if found is not None:
                 findings.append(found)
-    if finish_reason == "stop" and not content.strip() and not (isinstance(calls_value, list) and calls_value):
+    # isspace() stops at the first visible character, where strip() would copy the whole answer.
+    if finish_reason == "stop" and (not content or content.isspace()) and not (isinstance(calls_value, list) and calls_value):
         findings.append(make_finding("empty-turn", "content", content, 0, len(content)))
     if isinstance(raw, str):
         findings += lost_calls(raw, calls)

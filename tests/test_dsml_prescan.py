@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from dsml_checker import ToolCall, check, prescan, render_calls
 from dsml_checker.soft_rules import _candidate_windows
-from dsml_checker.text_rules import _quoted_regions, _single_ticks_quote
+from dsml_checker.text_rules import _quoted_regions, _single_ticks, _ticks_quote
 
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 GATES = [name for name, value in vars(prescan).items() if callable(value) and name.startswith("may_")]
@@ -108,7 +108,7 @@ def test_a_loop_always_gives_the_signal(unit: bytes, lead: int) -> None:
 @SETTINGS
 @given(text=st.text(st.sampled_from(list("ab`~\n ")), max_size=40), start=st.integers(0, 40), width=st.integers(0, 6))
 def test_quoting_counted_up_to_a_match_agrees_with_the_quoted_regions(text: str, start: int, width: int) -> None:
-    quick = _single_ticks_quote(text, start, start + width)
-    if quick is not None:
+    ticks = _single_ticks(text)
+    if ticks is not None:
         regions = _quoted_regions(text)
-        assert quick == any(lo <= start and hi >= start + width for lo, hi in regions)
+        assert _ticks_quote(ticks, start, start + width) == any(lo <= start and hi >= start + width for lo, hi in regions)
