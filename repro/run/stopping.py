@@ -52,6 +52,9 @@ class Look:
     """None: keep going."""
     p_value: float | None = None
     """Against a baseline: Boschloo's one-sided p of an increase at this look."""
+    verdict: str | None = None
+    """Against a baseline, once decided: worse, practically equivalent (the bracket [low, high] within
+    ±margin), or "no worse than the margin" (only high under it)."""
 
 
 class Rule(Protocol):
@@ -134,7 +137,14 @@ class BaselineRule:
         base = clopper_pearson(kb, nb, 1 - alpha)
         high, low = run.high - base.low, run.low - base.high
         decision: StopDecision | None = "fail" if p < step else "pass" if high < self.margin else None
-        return Look(sessions, corrupt, completed, low, high, decision, p_value=p)
+        verdict = None
+        if decision == "fail":
+            verdict = "worse"
+        elif decision == "pass":
+            # [low, high] brackets the difference with each end wrong at some look with chance at most
+            # K * step/2 + alpha/2 = alpha: inside ±margin it is an anytime-valid equivalence (TOST).
+            verdict = "practically equivalent" if low > -self.margin else "no worse than the margin"
+        return Look(sessions, corrupt, completed, low, high, decision, p_value=p, verdict=verdict)
 
     def describe(self, look: Look) -> str:
         alpha = 1 - self.confidence
@@ -147,6 +157,10 @@ class BaselineRule:
                  f"increase under {100 * look.high:+.1f} points")
         if look.decision == "fail":
             return f"{facts}: an increase is shown"
+        if look.decision == "pass" and look.verdict == "practically equivalent":
+            return (f"{facts}: shown under the {100 * self.margin:g}-point margin, and practically equivalent "
+                    f"(the difference lies in [{100 * look.low:+.1f}, {100 * look.high:+.1f}] points, within "
+                    f"±{100 * self.margin:g})")
         if look.decision == "pass":
             return f"{facts}: shown under the {100 * self.margin:g}-point margin"
         return f"{facts}: neither an increase nor one under {100 * self.margin:g} points is shown yet"
@@ -181,6 +195,7 @@ def stopping_record(rule: StoppingRule | BaselineRule, looks: Sequence[Look], *,
         confidence=rule.confidence, wave=wave, cap=cap, looks=len(looks), sessions=last.sessions,
         decision=decision, reason=reason, low=last.low, high=last.high,
         baseline=rule.baseline if against else None, margin=rule.margin if against else None,
+        verdict=last.verdict,
     )
 
 
