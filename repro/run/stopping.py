@@ -123,8 +123,19 @@ class BaselineRule:
     confidence: float = 0.95
     baseline: str = "baseline"
 
+    def bracket(self, corrupt: int, completed: int) -> tuple[float, float]:
+        """(low, high) bounds of the run's rate minus the baseline's at one look: the run's Clopper-Pearson
+        ends at alpha / (2K) each side, the baseline's at alpha / 2 (benchmarks/equivalence_error.py replays it)."""
+        from repro.stats import clopper_pearson
+
+        alpha = 1 - self.confidence
+        # Two-sided Clopper-Pearson at 1 - 2a has a in each tail: its ends are the one-sided bounds at a.
+        run = clopper_pearson(corrupt, completed, 1 - alpha / self.max_looks)
+        base = clopper_pearson(self.baseline_corrupt, self.baseline_completed, 1 - alpha)
+        return run.low - base.high, run.high - base.low
+
     def look(self, corrupt: int, completed: int, sessions: int) -> Look:
-        from repro.stats import clopper_pearson, compare
+        from repro.stats import compare
 
         alpha = 1 - self.confidence
         kb, nb = self.baseline_corrupt, self.baseline_completed
@@ -132,10 +143,7 @@ class BaselineRule:
             return Look(sessions, corrupt, completed, -1.0, 1.0, None)
         step = alpha / self.max_looks
         p = compare(corrupt, completed, kb, nb, alternative="greater").p_boschloo
-        # Two-sided Clopper-Pearson at 1 - 2a has a in each tail: its ends are the one-sided bounds at a.
-        run = clopper_pearson(corrupt, completed, 1 - step)
-        base = clopper_pearson(kb, nb, 1 - alpha)
-        high, low = run.high - base.low, run.low - base.high
+        low, high = self.bracket(corrupt, completed)
         decision: StopDecision | None = "fail" if p < step else "pass" if high < self.margin else None
         verdict = None
         if decision == "fail":
