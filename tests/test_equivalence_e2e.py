@@ -31,16 +31,16 @@ def test_gate_states_equivalence_at_the_margin_the_data_allow(capsys: pytest.Cap
                                                               fixed_runs: tuple[Path, Path]) -> None:
     one, two = fixed_runs
     # 0 of 30 against 0 of 30: each arm's 95% upper bound is 11.6%, so ±15 points holds and ±5 does not.
-    code, out, _ = run_main(capsys, "gate", str(two), "--max-corruption-rate", "0.2", "--baseline", str(one),
-                            "--margin", "0.15")
-    assert code == 0, out
+    # (The gate as a whole is inconclusive: 4 turns per session never make HiCache load back, `exercised`.)
+    _, out, _ = run_main(capsys, "gate", str(two), "--max-corruption-rate", "0.2", "--baseline", str(one),
+                         "--margin", "0.15")
     line = next(x for x in out.splitlines() if x.startswith("baseline:"))
     assert line.startswith("baseline: PASS:") and "practically equivalent" in line and "±15 points" in line
     side = next(x for x in out.splitlines() if x.startswith("side-channels:"))
     assert side.startswith("side-channels: ok:") and "finish_reason mix" in side and "output length" in side
     code, out, _ = run_main(capsys, "gate", str(two), "--max-corruption-rate", "0.2", "--baseline", str(one))
     assert code == 125
-    assert "inconclusive at the ±5 points margin" in out
+    assert "baseline: INCONCLUSIVE:" in out and "inconclusive at the ±5 points margin" in out
     assert "about 72 completed sessions per arm would decide it" in out
 
 
