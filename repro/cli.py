@@ -65,6 +65,7 @@ def report_command(
     markdown: Path | None = typer.Option(None, "--markdown", help="Also write a Markdown summary here."),
     junit: Path | None = typer.Option(None, "--junit", help="Also write JUnit XML here."),
     confidence: float = typer.Option(0.95, "--confidence", help="Confidence level of every interval."),
+    margin: float = typer.Option(0.05, "--margin", help="With several runs: δ, the difference in corruption rate within which runs are practically equivalent (default: 0.05)."),
 ) -> None:
     """Render one self-contained HTML report (and Markdown / JUnit summaries) from run directories."""
     from repro.report import render_report
@@ -73,7 +74,7 @@ def report_command(
         if len(run_dirs) != 1:
             raise UsageError("report: --output is required with several run directories")
         output = run_dirs[0] / "report.html"
-    result = render_report(run_dirs, output, markdown=markdown, junit=junit, confidence=confidence)
+    result = render_report(run_dirs, output, markdown=markdown, junit=junit, confidence=confidence, margin=margin)
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if step_summary:
         try:
@@ -93,7 +94,8 @@ def gate_command(
         ..., "--max-corruption-rate", help="Tolerated corruption rate (0 means none may be observed)."
     ),
     confidence: float = typer.Option(0.95, "--confidence", help="Confidence of the one-sided bounds and tests."),
-    baseline: Path | None = typer.Option(None, "--baseline", help="Fail on a significant increase over this run."),
+    baseline: Path | None = typer.Option(None, "--baseline", help="Fail when worse than this run; pass when better, practically equivalent, or any increase is under --margin."),
+    margin: float = typer.Option(0.05, "--margin", help="With --baseline: δ, the difference in corruption rate that does not matter (default: 0.05)."),
     max_timeout_rate: float | None = typer.Option(
         None, "--max-timeout-rate", help="Inconclusive above this share of timed-out sessions (default 0.2)."
     ),
@@ -117,6 +119,7 @@ def gate_command(
         max_timeout_rate=max_timeout_rate,
         min_completed=min_completed,
         allow_partial=allow_partial,
+        margin=margin,
     )
     if junit is not None:
         write_junit(result, run_dir, junit)

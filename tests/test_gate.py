@@ -92,11 +92,21 @@ def test_baseline_increase_fails_even_under_a_loose_limit(tmp_path: Path) -> Non
     worse = make_run(tmp_path / "worse", name="pr", clean=49, corrupt=11)
     same = make_run(tmp_path / "same", name="pr2", clean=59, corrupt=1)
     result = evaluate(worse, max_corruption_rate=0.5, baseline=base)
-    assert statuses(result) == {"finished": "pass", "evidence": "pass", "corruption-rate": "pass", "baseline": "fail"}
+    assert statuses(result) == {"finished": "pass", "evidence": "pass", "corruption-rate": "pass", "baseline": "fail",
+                                "side-channels": "pass"}
     assert result.exit_code == 1
     assert check(result, "baseline").numbers["p_boschloo"] < 0.001
+    assert check(result, "baseline").numbers["verdict"] == "worse"
     assert "11/60 (18%) vs 0/60 (0%) in baseline 'main'" in check(result, "baseline").line
-    assert evaluate(same, max_corruption_rate=0.5, baseline=base).exit_code == 0
+    # 1 of 60 against 0 of 60 is neither worse nor shown within 5 points: inconclusive, with what would decide.
+    thin = check(evaluate(same, max_corruption_rate=0.5, baseline=base), "baseline")
+    assert thin.status == "inconclusive" and thin.numbers["sessions_to_decide"] == 142
+    assert "about 142 completed sessions per arm would decide it" in thin.line
+    # 300 clean against 300 clean: the difference lies within ±5 points, and a wider margin needs fewer.
+    big_base, big = make_run(tmp_path / "bb", clean=300), make_run(tmp_path / "b", clean=300)
+    line = check(evaluate(big, max_corruption_rate=0.5, baseline=big_base), "baseline").line
+    assert line.startswith("baseline: PASS:") and "practically equivalent" in line and "±5 points" in line
+    assert evaluate(same, max_corruption_rate=0.5, baseline=base, margin=0.1).exit_code == 0
 
 
 @pytest.mark.parametrize(
@@ -136,8 +146,12 @@ def test_cli_gate_bad_input_exits_2_with_one_line(tmp_path: Path, capsys: pytest
     assert code == 2 and err == "repro: error: --max-corruption-rate must be at least 0 and below 1, got 2.0\n"
     code, _, err = run_main(capsys, "gate", str(run))
     assert code == 2 and "--max-corruption-rate" in err and "Traceback" not in err
-    code, out, _ = run_main(capsys, "gate", str(run), "--max-corruption-rate", "0.2", "--baseline", str(run))
+    code, out, _ = run_main(capsys, "gate", str(run), "--max-corruption-rate", "0.2", "--baseline", str(run),
+                            "--margin", "0.2")
     assert code == 0 and out.splitlines()[-1] == "gate: PASS (exit 0)"
+    code, _, err = run_main(capsys, "gate", str(run), "--max-corruption-rate", "0.2", "--baseline", str(run),
+                            "--margin", "0")
+    assert code == 2 and err == "repro: error: --margin must be strictly between 0 and 1, got 0.0\n"
 
 
 def test_example_ci_job_uses_only_real_commands_and_options() -> None:

@@ -152,7 +152,7 @@ def test_a_factor_without_effect_is_never_named(counts: list[tuple[int, int]]) -
         return {"clean": clean, "corrupt": corrupt}
 
     analysis = analyse_counts(spec, outcomes)
-    assert verdicts(analysis)["noise"] in ("no detectable effect", "inconclusive")
+    assert verdicts(analysis)["noise"] in ("practically equivalent", "no detectable effect", "inconclusive")
     for word in ("causes", "widens", "reduces"):
         assert f"noise b (vs a) {word}" not in analysis.verdict
     assert not any(e.verdict != "no detectable effect" for e in analysis.interactions if "noise" in e.term)
@@ -168,7 +168,7 @@ def test_half_fraction_falls_back_to_firth_regression() -> None:
 
     analysis = analyse_counts(spec, outcomes)
     assert verdicts(analysis)["hicache"] == "causes"
-    assert {v for f, v in verdicts(analysis).items() if f != "hicache"} <= {"no detectable effect", "inconclusive"}
+    assert {v for f, v in verdicts(analysis).items() if f != "hicache"} <= {"practically equivalent", "no detectable effect", "inconclusive"}
     assert analysis.factors[0].test == "Firth likelihood ratio"
 
 
@@ -236,11 +236,12 @@ def test_a_level_that_never_acted_is_not_exercised_rather_than_without_effect() 
     assert verdicts(idle) == {"hicache": "not exercised", "index_k": "not exercised"}
     assert "index-K bf16 (vs fp8): not exercised (tokens loaded back from the host tier stayed 0 in all 4 runs with " \
            "index-K bf16)" in idle.verdict
-    # Unknown (a server without the metric) is not proof of idleness: the verdict stands as it was.
-    assert verdicts(analyse(spec, runs(None), order, 8)) == {"hicache": "no detectable effect",
-                                                             "index_k": "no detectable effect"}
-    assert verdicts(analyse(spec, runs(4096.0), order, 8)) == {"hicache": "no detectable effect",
-                                                               "index_k": "no detectable effect"}
+    # Unknown (a server without the metric) is not proof of idleness: the verdict stands as it was (120 clean
+    # sessions per arm put the whole difference within the default ±5 points).
+    assert verdicts(analyse(spec, runs(None), order, 8)) == {"hicache": "practically equivalent",
+                                                             "index_k": "practically equivalent"}
+    assert verdicts(analyse(spec, runs(4096.0), order, 8)) == {"hicache": "practically equivalent",
+                                                               "index_k": "practically equivalent"}
 
 
 def test_the_matrix_report_agrees_with_itself(tmp_path: Path) -> None:

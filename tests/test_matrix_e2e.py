@@ -141,13 +141,21 @@ def test_sim_matrix_names_hicache_a_cause_and_no_factor_without_effect_over_seve
         assert (matrix / "report.html").exists() and (matrix / "junit.xml").exists()
 
 
+@pytest.mark.timeout(600)
 def test_sim_pd_matrix_tells_the_corruption_cause_from_the_wedge_cause(tmp_path: Path) -> None:
     # The seeds' two faults at once: HiCache corrupts, PD disaggregation wedges. Neither may be blamed
     # for the other's outcome, though wedged sessions end before they could show corruption.
-    # On the virtual clock, so the counts behind both verdicts are the seeds' at any machine load.
-    proc = start(["matrix", str(PD_SPEC), "--out", str(tmp_path / "m"), "--no-cell-reports", "--var", "clock=virtual",
-                  "--var", "waiting_timeout=1e9"], tmp_path / "m.log")
-    assert proc.wait(timeout=400) == 0, (tmp_path / "m.log").read_text()[-3000:]
+    # On the virtual clock, so the counts behind both verdicts are the seeds' at any machine load. A healthy
+    # stream there pauses while the engine waits for a lagging session, which on a loaded machine can pass the
+    # spec's 5 s stall timeout: the copy's 30 s, beyond the engine's 20 s patience,
+    # lets only the wedges stall.
+    spec = yaml.load(PD_SPEC.read_text(encoding="utf-8"), Loader=SpecLoader)
+    spec["load"]["stall_timeout"] = 30
+    spec_path = tmp_path / "pd.yaml"
+    spec_path.write_text(yaml.safe_dump(spec, sort_keys=False), encoding="utf-8")
+    proc = start(["matrix", str(spec_path), "--out", str(tmp_path / "m"), "--no-cell-reports", "--var", "clock=virtual",
+                  "--var", "waiting_timeout=1e9", "--var", "patience=20"], tmp_path / "m.log")
+    assert proc.wait(timeout=560) == 0, (tmp_path / "m.log").read_text()[-3000:]
     matrix = json.loads((tmp_path / "m" / "matrix.json").read_text())
     corruption = {f["factor"]: f["verdict"] for f in matrix["factors"]}
     wedges = {f["factor"]: f for f in matrix["wedges"]}

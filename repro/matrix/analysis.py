@@ -25,9 +25,11 @@ from repro.stats import (
     power_two_proportions,
     stratified_exact_test,
 )
+from repro.stats.equivalence import bracket
 from repro.store.records import OUTCOMES, OutcomeCounts
 
-Verdict = Literal["causes", "widens", "reduces", "no detectable effect", "inconclusive", "not exercised"]
+Verdict = Literal["causes", "widens", "reduces", "practically equivalent", "no detectable effect", "inconclusive",
+                  "not exercised"]
 """`widens`: an effect only where a causing factor is on (bf16 index-K widening HiCache's race)."""
 
 
@@ -117,6 +119,8 @@ class Effect:
     firth_p: float | None = None
     power: float | None = None
     verdict: Verdict = "inconclusive"
+    equivalence: dict[str, float] | None = None
+    """The equivalence bracket of the difference (low, high) and the margin, where it was computed."""
     widens: str | None = None
     conditional: dict[str, Any] | None = None
     reasons: list[str] = field(default_factory=list)
@@ -431,6 +435,23 @@ def _judge_corruption(spec: MatrixSpec, totals: dict, effects: list[Effect]) -> 
             effect.power = _power(spec, effect)
             effect.reasons += _adequacy(spec, totals, effect)  # after any censoring caveat of the widening test
             effect.verdict = "inconclusive" if effect.reasons else "no detectable effect"
+            if _equivalent(spec, totals, effect, tests=len(effects)):
+                effect.verdict = "practically equivalent"
+
+
+def _equivalent(spec: MatrixSpec, totals: dict, effect: Effect, *, tests: int) -> bool:
+    """Does the whole difference between the factor's arms lie within ±design.margin? TOST at alpha / tests
+    (Bonferroni over the factors), timeouts counted as the worst case (repro.stats.equivalence.bracket);
+    `equivalence` on the effect keeps the bracket."""
+    treated = _arm_totals(totals, effect.factor, effect.level)
+    reference = _arm_totals(totals, effect.factor, effect.baseline)
+    if not treated.completed or not reference.completed:
+        return False
+    low, high = bracket(treated.corrupt, treated.completed, reference.corrupt, reference.completed,
+                        timeout1=treated.timeout, timeout2=reference.timeout,
+                        confidence=1 - spec.design.alpha / max(1, tests))
+    effect.equivalence = {"low": low, "high": high, "margin": spec.design.margin}
+    return -spec.design.margin < low and high < spec.design.margin
 
 
 def _censoring_caveat(
@@ -507,7 +528,7 @@ def _judge_exercise(spec: MatrixSpec, runs: list[CellRun], effects: list[Effect]
     idle = idle_levels(spec, runs)
     for effect in effects:
         why = idle.get((effect.factor, effect.level))
-        if why is not None and effect.verdict in ("no detectable effect", "inconclusive"):
+        if why is not None and effect.verdict in ("no detectable effect", "practically equivalent", "inconclusive"):
             effect.verdict = "not exercised"
             effect.reasons.append(why)
 
@@ -583,7 +604,8 @@ def _arms(effect: Effect) -> str:
 def verdict_paragraph(spec: MatrixSpec, analysis: MatrixAnalysis) -> str:
     """The findings in plain words, strongest first; every claim carries its counts and p-value."""
     sentences: list[str] = []
-    order = {"causes": 0, "widens": 1, "reduces": 2, "inconclusive": 3, "not exercised": 4, "no detectable effect": 5}
+    order = {"causes": 0, "widens": 1, "reduces": 2, "inconclusive": 3, "not exercised": 4,
+             "practically equivalent": 5, "no detectable effect": 6}
     for effect in sorted(analysis.factors, key=lambda e: order[e.verdict]):
         name = f"{spec.label(effect.factor)} {effect.level} (vs {effect.baseline})"
         if effect.verdict == "causes":
@@ -598,6 +620,12 @@ def verdict_paragraph(spec: MatrixSpec, analysis: MatrixAnalysis) -> str:
             )
         elif effect.verdict == "reduces":
             sentences.append(f"{name} reduces corruption: {_arms(effect)} ({_fmt_p(effect.p_adjusted)}).")
+        elif effect.verdict == "practically equivalent" and effect.equivalence:
+            eq = effect.equivalence
+            sentences.append(
+                f"{name}: practically equivalent ({_arms(effect)}; the difference lies in "
+                f"[{100 * eq['low']:+.1f}, {100 * eq['high']:+.1f}] points, within ±{100 * eq['margin']:g})."
+            )
         elif effect.verdict in ("inconclusive", "not exercised"):
             sentences.append(f"{name}: {effect.verdict} ({'; '.join(effect.reasons)}).")
         else:

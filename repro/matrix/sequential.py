@@ -15,7 +15,8 @@ show no corruption), it never picks cells by how close a comparison is to signif
 look's verdicts are at alpha / K too (what early stopping costs).
 
 A comparison is decided once its verdict is a finding (causes, widens, reduces) that more data would
-not relabel. "No detectable effect" and "inconclusive" are not decisions before the last round (they
+not relabel, or "practically equivalent" (its whole difference interval within ±design.margin, tested
+at the look's alpha / K like every finding, so the Bonferroni sum bounds a wrong equivalence too). "No detectable effect" and "inconclusive" are not decisions before the last round (they
 are statements about too little data), so they keep every cell in their arms running.
 
 Causes that "act only together" (no corruption yet in any cell without each of them) are findings
@@ -54,7 +55,7 @@ from repro.matrix.analysis import TOGETHER, CellRun, Effect, MatrixAnalysis, ana
 from repro.matrix.design import Cell, PlannedRun
 from repro.matrix.spec import MatrixSpec
 
-DECIDED = ("causes", "widens", "reduces")
+DECIDED = ("causes", "widens", "reduces", "practically equivalent")
 METHOD = "Bonferroni over the rounds' looks (alpha / K each), {correction} across the factors within a look"
 
 

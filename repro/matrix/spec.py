@@ -263,6 +263,9 @@ class DesignSpec(_Model):
     """Share of timed-out sessions above which an arm is inconclusive: a timeout proves neither clean nor corrupt."""
     detect: float = Field(0.10, gt=0, lt=1)
     """The difference in corruption rate whose power a "no detectable effect" verdict states."""
+    margin: float = Field(0.05, gt=0, lt=1)
+    """δ: a factor whose whole difference interval lies within ±margin is "practically equivalent"
+    (TOST at alpha, Bonferroni over the factors; repro.stats.equivalence)."""
     sequential: bool = False
     """Run in rounds (one run per still-needed cell each), look after each, stop when every factor is
     decided; `replicates` is the cap on rounds and each look tests at alpha / replicates (repro.matrix.sequential)."""

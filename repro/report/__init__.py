@@ -14,6 +14,7 @@ from repro.report.html import render_html
 from repro.report.junit import render_junit
 from repro.report.markdown import render_markdown
 from repro.report.model import ReportModel, build_model
+from repro.stats.equivalence import DEFAULT_MARGIN
 from repro.store.rundir import _atomic_write as atomic_write
 from repro.untrusted import scrub_surrogates
 from repro.store.rundir import check_output
@@ -66,6 +67,7 @@ def render_report(
     markdown: Path | None = None,
     junit: Path | None = None,
     confidence: float = 0.95,
+    margin: float = DEFAULT_MARGIN,
 ) -> ReportResult:
     """Write the HTML report of one or more runs to `output` (and the Markdown and JUnit files when asked)."""
     if not run_dirs:
@@ -73,7 +75,7 @@ def render_report(
     for option, path in (("--output", output), ("--markdown", markdown), ("--junit", junit)):
         if path is not None:
             check_output(path, run_dirs, option)
-    model = build_model([Path(p) for p in run_dirs], confidence=confidence)
+    model = build_model([Path(p) for p in run_dirs], confidence=confidence, margin=margin)
     _write(output, render_html(model, _plots(model)), "--output")
     markdown_text = render_markdown(model)
     if markdown is not None:

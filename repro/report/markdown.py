@@ -77,6 +77,11 @@ def render_markdown(model: ReportModel) -> str:
                 f"| {fmt_points(r.difference)} [{fmt_points(r.diff_low)}, {fmt_points(r.diff_high)}] "
                 f"| {r.p_boschloo:.2g} | {r.p_fisher:.2g} | {row.p_holm:.2g} |"
             )
+        lines += ["", f"Verdicts at a margin of ±{100 * model.margin:g} points (practically equivalent: the whole "
+                  "difference interval within it), and the side channels:", ""]
+        for row in model.comparisons:
+            lines.append(f"- **{md_escape(row.name)}**: {md_escape(row.verdict_line)}")
+            lines.extend(f"  - {md_escape(line)}" for line in row.side_lines)
     for run in model.runs:
         if run.stopping is not None:
             stop = run.stopping

@@ -21,6 +21,7 @@ from repro.store.records import Exercise, FindingRecord, LoopCounts, OutcomeCoun
 from repro.report.raw import RawExcerpt, read_raw, response_fields
 from repro.report.sidebyside import SideBySide, place, side_by_side
 from repro.stats import Inconclusive, Interval, assess_inconclusive, clopper_pearson, timeout_bounds, upper_bound
+from repro.stats.equivalence import DEFAULT_MARGIN, EquivalenceResult, check_margin
 from repro.stats.verdict import MAX_TIMEOUT_FRACTION, MIN_COMPLETED
 from repro.store.rundir import METRICS, Run, load_run
 
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from repro.stats import Comparison
+    from repro.stats.sidechannels import ChannelTest
 
 VerdictKind = Literal["corrupt", "clean", "inconclusive"]
 
@@ -223,6 +225,30 @@ class ComparisonRow:
     n2: int
     result: Comparison
     p_holm: float
+    equivalence: EquivalenceResult | None = None
+    """Worse, better, practically equivalent within the margin, or inconclusive (repro.stats.equivalence)."""
+    side: list[ChannelTest] = field(default_factory=list)
+    """The side channels (finish_reason mix, output length, speculative acceptance) against the reference."""
+
+    @property
+    def verdict_line(self) -> str:
+        from repro.stats.equivalence import describe
+
+        return describe(self.equivalence) if self.equivalence is not None else "not compared"
+
+    @property
+    def side_lines(self) -> list[str]:
+        from repro.stats.sidechannels import describe
+
+        silent = self.silent_shifts
+        return [("silent regression? " if test in silent else "") + describe(test) for test in self.side]
+
+    @property
+    def silent_shifts(self) -> list[ChannelTest]:
+        """Side channels that shifted while the corruption verdict shows no difference."""
+        if self.equivalence is not None and self.equivalence.verdict in ("worse", "better"):
+            return []
+        return [test for test in self.side if test.shifted]
 
 
 @dataclass(frozen=True)
@@ -231,6 +257,8 @@ class ReportModel:
     comparisons: list[ComparisonRow]
     confidence: float
     generated_at: str
+    margin: float = DEFAULT_MARGIN
+    """δ of the equivalence verdicts: the difference in corruption rate that does not matter."""
 
     @property
     def overall(self) -> VerdictKind:
@@ -480,11 +508,18 @@ def run_view(run: Run, *, confidence: float = 0.95) -> RunView:
     )
 
 
-def comparisons(runs: Sequence[RunView]) -> list[ComparisonRow]:
-    """Every run after the first against the first, two-sided, Holm-adjusted over the family."""
+def comparisons(runs: Sequence[RunView], *, margin: float = DEFAULT_MARGIN) -> list[ComparisonRow]:
+    """Every run after the first against the first, two-sided, Holm-adjusted over the family.
+
+    The equivalence verdicts use the Holm-adjusted p for worse/better and bracket the difference at
+    alpha / m for m comparisons (Bonferroni), so no "practically equivalent" in the family is wrong
+    with chance over alpha.
+    """
     if len(runs) < 2:
         return []
+    from repro.report.sidechannels import channels_of, compare_channels
     from repro.stats import compare, holm
+    from repro.stats.equivalence import equivalence
 
     ref = runs[0]
     results = [
@@ -493,19 +528,28 @@ def comparisons(runs: Sequence[RunView]) -> list[ComparisonRow]:
         for r in runs[1:]
     ]
     adjusted = holm([c.p_boschloo for c in results])
-    return [
-        ComparisonRow(r.name, ref.name, r.counts.corrupt, r.counts.completed, ref.counts.corrupt,
-                      ref.counts.completed, c, float(p))
-        for r, c, p in zip(runs[1:], results, adjusted)
-    ]
+    alpha = 1 - ref.confidence
+    family = 1 - alpha / len(results)
+    ref_channels = channels_of(ref.run.sessions, ref.path)
+    rows = []
+    for r, c, p in zip(runs[1:], results, adjusted):
+        verdict = equivalence(r.counts.corrupt, r.counts.completed, ref.counts.corrupt, ref.counts.completed,
+                              timeout1=r.counts.timeout, timeout2=ref.counts.timeout, margin=margin,
+                              confidence=family, pvalue=float(p))
+        side = compare_channels(channels_of(r.run.sessions, r.path), ref_channels, alpha=alpha)
+        rows.append(ComparisonRow(r.name, ref.name, r.counts.corrupt, r.counts.completed, ref.counts.corrupt,
+                                  ref.counts.completed, c, float(p), verdict, side))
+    return rows
 
 
-def build_model(run_dirs: Sequence[Path], *, confidence: float = 0.95) -> ReportModel:
+def build_model(run_dirs: Sequence[Path], *, confidence: float = 0.95, margin: float = DEFAULT_MARGIN) -> ReportModel:
     """Load every run directory (UsageError names a bad one) and compute the whole report."""
+    check_margin(margin)
     views = [run_view(load_run(path), confidence=confidence) for path in run_dirs]
     return ReportModel(
         runs=views,
-        comparisons=comparisons(views),
+        comparisons=comparisons(views, margin=margin),
         confidence=confidence,
         generated_at=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
+        margin=margin,
     )

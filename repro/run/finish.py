@@ -118,7 +118,7 @@ def _gate(run_dir: Path, summary: Summary, options: RunOptions, writer: RunWrite
 
     assert options.max_corruption_rate is not None
     result = evaluate(run_dir, max_corruption_rate=options.max_corruption_rate, confidence=options.confidence,
-                      baseline=options.baseline)
+                      baseline=options.baseline, margin=options.margin)
     summary = summary.model_copy(update={"gate": result.as_record()})
     writer.write_summary(summary)
     for line in result.lines():

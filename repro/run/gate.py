@@ -19,6 +19,7 @@ from repro.report.junit import gate_cases, junit_xml
 from repro.report.model import fmt_conf, fmt_pct
 from repro.run.stopping import BaselineRule, StoppingRule, max_looks, replay, waves_of
 from repro.stats import assess_inconclusive, clopper_pearson, upper_bound
+from repro.stats.equivalence import DEFAULT_MARGIN
 from repro.stats.verdict import MAX_TIMEOUT_FRACTION, MIN_COMPLETED
 from repro.store.records import OutcomeCounts
 from repro.store.rundir import DamagedRun, Run, load_run
@@ -184,28 +185,51 @@ def _sequential_baseline(run: Run, base: Run, *, confidence: float) -> GateCheck
     return GateCheck("baseline", status, f"baseline: {status.upper()}: {line}", numbers)
 
 
-def _baseline(counts: OutcomeCounts, base: Run, *, confidence: float) -> GateCheck:
+def _baseline(counts: OutcomeCounts, base: Run, *, confidence: float, margin: float) -> GateCheck:
+    """Worse (fail), better or practically equivalent within ±margin (pass), or an increase shown under the
+    margin (pass: the gate asks "no worse"); anything else is inconclusive, with the sessions that would decide."""
     ref = OutcomeCounts.of(base.sessions)
     k, n, kb, nb = counts.corrupt, counts.completed, ref.corrupt, ref.completed
-    numbers: dict[str, Any] = {"k": k, "n": n, "baseline_k": kb, "baseline_n": nb, "baseline": base.name}
+    numbers: dict[str, Any] = {"k": k, "n": n, "baseline_k": kb, "baseline_n": nb, "baseline": base.name,
+                               "margin": margin}
     if n == 0 or nb == 0:
         return GateCheck("baseline", "inconclusive",
                          f"baseline: INCONCLUSIVE: {k}/{n} vs {kb}/{nb} in baseline {base.name!r}: "
                          "no completed sessions on one side", numbers)
     # Imported here: statsmodels (and pandas under it) load only for a gate with a baseline.
     from repro.stats import compare
+    from repro.stats.equivalence import describe, equivalence
 
-    result = compare(k, n, kb, nb, alternative="greater", confidence=confidence)
+    result = compare(k, n, kb, nb, alternative="two-sided", confidence=confidence)
+    verdict = equivalence(k, n, kb, nb, timeout1=counts.timeout, timeout2=ref.timeout, margin=margin,
+                          confidence=confidence, pvalue=result.p_boschloo)
     numbers.update(p_boschloo=result.p_boschloo, p_fisher=result.p_fisher, difference=result.difference,
-                   diff_low=result.diff_low, diff_high=result.diff_high)
-    alpha = 1 - confidence
+                   diff_low=verdict.low, diff_high=verdict.high, verdict=verdict.verdict,
+                   sessions_to_decide=verdict.sessions_to_decide)
     facts = (f"{k}/{n} ({fmt_pct(k / n)}) vs {kb}/{nb} ({fmt_pct(kb / nb)}) in baseline {base.name!r}, "
-             f"difference {100 * result.difference:+.1f} points [{100 * result.diff_low:.1f}, "
-             f"{100 * result.diff_high:.1f}], Boschloo p={result.p_boschloo:.2g} (Fisher {result.p_fisher:.2g}, "
-             f"one-sided)")
-    if result.p_boschloo < alpha:
-        return GateCheck("baseline", "fail", f"baseline: FAIL: significant increase: {facts}", numbers)
-    return GateCheck("baseline", "pass", f"baseline: PASS: no significant increase (alpha {alpha:g}): {facts}",
+             f"Boschloo p={result.p_boschloo:.2g} (Fisher {result.p_fisher:.2g}, two-sided); {describe(verdict)}")
+    if verdict.verdict == "worse":
+        return GateCheck("baseline", "fail", f"baseline: FAIL: {facts}", numbers)
+    if verdict.verdict in ("better", "practically equivalent"):
+        return GateCheck("baseline", "pass", f"baseline: PASS: {facts}", numbers)
+    if verdict.noninferior:
+        return GateCheck("baseline", "pass", f"baseline: PASS: any increase is under the {100 * margin:g}-point "
+                         f"margin: {facts}", numbers)
+    return GateCheck("baseline", "inconclusive", f"baseline: INCONCLUSIVE: {facts}", numbers)
+
+
+def _side_channels(run: Run, base: Run, *, confidence: float) -> GateCheck:
+    """The finish_reason mix, output length and speculative acceptance against the baseline. A shift never
+    fails the gate (a lead, not a verdict: docs/statistics.md), but the line names it."""
+    from repro.report.sidechannels import channels_of, compare_channels
+    from repro.stats.sidechannels import describe
+
+    tests = compare_channels(channels_of(run.sessions, run.path), channels_of(base.sessions, base.path),
+                             alpha=1 - confidence)
+    shifted = [test.channel for test in tests if test.shifted]
+    numbers = {test.channel: {"p": test.p_adjusted, "shifted": test.shifted, "test": test.test} for test in tests}
+    head = f"SHIFTED ({', '.join(shifted)})" if shifted else "ok"
+    return GateCheck("side-channels", "pass", f"side-channels: {head}: " + "; ".join(describe(t) for t in tests),
                      numbers)
 
 
@@ -233,6 +257,7 @@ def evaluate(
     max_timeout_rate: float | None = None,
     min_completed: int = MIN_COMPLETED,
     allow_partial: bool = False,
+    margin: float = DEFAULT_MARGIN,
 ) -> GateResult:
     """Judge a run. Evidence wins: a rate shown to exceed the limit fails even when the run is thin or
     unfinished. Damaged records make the result inconclusive (exit 125): the evidence is unusable."""
@@ -245,6 +270,8 @@ def evaluate(
         raise UsageError(f"--max-timeout-rate must be between 0 and 1, got {timeout_limit}")
     if min_completed < 1:
         raise UsageError(f"--min-completed must be at least 1, got {min_completed}")
+    if not 0.0 < margin < 1.0:
+        raise UsageError(f"--margin must be strictly between 0 and 1, got {margin}")
     try:
         run = _load(run_dir)
         base = _load(baseline) if baseline is not None else None
@@ -266,7 +293,8 @@ def evaluate(
     if base is not None:
         stop = run.summary.stopping if run.summary is not None else None
         checks.append(_sequential_baseline(run, base, confidence=confidence) if stop is not None and stop.baseline
-                      else _baseline(counts, base, confidence=confidence))
+                      else _baseline(counts, base, confidence=confidence, margin=margin))
+        checks.append(_side_channels(run, base, confidence=confidence))
     statuses = {c.status for c in checks}
     code = EXIT_FAILED if "fail" in statuses else EXIT_INCONCLUSIVE if "inconclusive" in statuses else EXIT_OK
     return GateResult(code, checks)

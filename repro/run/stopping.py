@@ -52,6 +52,9 @@ class Look:
     """None: keep going."""
     p_value: float | None = None
     """Against a baseline: Boschloo's one-sided p of an increase at this look."""
+    verdict: str | None = None
+    """Against a baseline, once decided: worse, practically equivalent (the bracket [low, high] within
+    ±margin), or "no worse than the margin" (only high under it)."""
 
 
 class Rule(Protocol):
@@ -120,8 +123,19 @@ class BaselineRule:
     confidence: float = 0.95
     baseline: str = "baseline"
 
+    def bracket(self, corrupt: int, completed: int) -> tuple[float, float]:
+        """(low, high) bounds of the run's rate minus the baseline's at one look: the run's Clopper-Pearson
+        ends at alpha / (2K) each side, the baseline's at alpha / 2 (benchmarks/equivalence_error.py replays it)."""
+        from repro.stats import clopper_pearson
+
+        alpha = 1 - self.confidence
+        # Two-sided Clopper-Pearson at 1 - 2a has a in each tail: its ends are the one-sided bounds at a.
+        run = clopper_pearson(corrupt, completed, 1 - alpha / self.max_looks)
+        base = clopper_pearson(self.baseline_corrupt, self.baseline_completed, 1 - alpha)
+        return run.low - base.high, run.high - base.low
+
     def look(self, corrupt: int, completed: int, sessions: int) -> Look:
-        from repro.stats import clopper_pearson, compare
+        from repro.stats import compare
 
         alpha = 1 - self.confidence
         kb, nb = self.baseline_corrupt, self.baseline_completed
@@ -129,12 +143,16 @@ class BaselineRule:
             return Look(sessions, corrupt, completed, -1.0, 1.0, None)
         step = alpha / self.max_looks
         p = compare(corrupt, completed, kb, nb, alternative="greater").p_boschloo
-        # Two-sided Clopper-Pearson at 1 - 2a has a in each tail: its ends are the one-sided bounds at a.
-        run = clopper_pearson(corrupt, completed, 1 - step)
-        base = clopper_pearson(kb, nb, 1 - alpha)
-        high, low = run.high - base.low, run.low - base.high
+        low, high = self.bracket(corrupt, completed)
         decision: StopDecision | None = "fail" if p < step else "pass" if high < self.margin else None
-        return Look(sessions, corrupt, completed, low, high, decision, p_value=p)
+        verdict = None
+        if decision == "fail":
+            verdict = "worse"
+        elif decision == "pass":
+            # [low, high] brackets the difference with each end wrong at some look with chance at most
+            # K * step/2 + alpha/2 = alpha: inside ±margin it is an anytime-valid equivalence (TOST).
+            verdict = "practically equivalent" if low > -self.margin else "no worse than the margin"
+        return Look(sessions, corrupt, completed, low, high, decision, p_value=p, verdict=verdict)
 
     def describe(self, look: Look) -> str:
         alpha = 1 - self.confidence
@@ -147,6 +165,10 @@ class BaselineRule:
                  f"increase under {100 * look.high:+.1f} points")
         if look.decision == "fail":
             return f"{facts}: an increase is shown"
+        if look.decision == "pass" and look.verdict == "practically equivalent":
+            return (f"{facts}: shown under the {100 * self.margin:g}-point margin, and practically equivalent "
+                    f"(the difference lies in [{100 * look.low:+.1f}, {100 * look.high:+.1f}] points, within "
+                    f"±{100 * self.margin:g})")
         if look.decision == "pass":
             return f"{facts}: shown under the {100 * self.margin:g}-point margin"
         return f"{facts}: neither an increase nor one under {100 * self.margin:g} points is shown yet"
@@ -181,6 +203,7 @@ def stopping_record(rule: StoppingRule | BaselineRule, looks: Sequence[Look], *,
         confidence=rule.confidence, wave=wave, cap=cap, looks=len(looks), sessions=last.sessions,
         decision=decision, reason=reason, low=last.low, high=last.high,
         baseline=rule.baseline if against else None, margin=rule.margin if against else None,
+        verdict=last.verdict,
     )
 
 

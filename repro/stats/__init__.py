@@ -18,6 +18,8 @@ _HOMES = {
     "power": ["power_two_proportions", "sample_size_two_proportions"],
     "sequential": ["SequentialDecision", "bisect_probe_sessions", "confidence_sequence", "paired_sequential", "sprt_single"],
     "stratified": ["StratifiedResult", "cmh", "stratified_exact_test"],
+    "equivalence": ["EquivalenceResult", "equivalence", "sessions_to_decide"],
+    "sidechannels": ["ChannelTest", "acceptance_counts_shift", "mix_shift", "rank_shift"],
 }
 _HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
 __all__ = sorted(_HOME_OF)
@@ -33,6 +35,7 @@ def __getattr__(name: str) -> Any:
 
 
 if TYPE_CHECKING:
+    from repro.stats.equivalence import EquivalenceResult, equivalence, sessions_to_decide
     from repro.stats.intervals import Interval, clopper_pearson, timeout_bounds, upper_bound, wilson
     from repro.stats.multiplicity import benjamini_hochberg, holm
     from repro.stats.power import power_two_proportions, sample_size_two_proportions
@@ -43,6 +46,7 @@ if TYPE_CHECKING:
         paired_sequential,
         sprt_single,
     )
+    from repro.stats.sidechannels import ChannelTest, acceptance_counts_shift, mix_shift, rank_shift
     from repro.stats.stratified import StratifiedResult, cmh, stratified_exact_test
     from repro.stats.twosample import Comparison, compare, newcombe_difference
     from repro.stats.verdict import Inconclusive, assess_inconclusive

@@ -321,6 +321,8 @@ class StoppingRecord(_Record):
     baseline: str | None = None
     margin: float | None = None
     """Against a baseline: the increase under which the run passes."""
+    verdict: str | None = None
+    """Against a baseline, once decided: worse, practically equivalent, or no worse than the margin."""
 
 
 ExerciseStatus = Literal["exercised", "not exercised", "unknown"]
