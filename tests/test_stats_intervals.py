@@ -155,6 +155,7 @@ def test_every_public_name_is_importable_from_repro_stats() -> None:
     names = """Interval clopper_pearson wilson upper_bound timeout_bounds Inconclusive assess_inconclusive
         Comparison compare newcombe_difference holm benjamini_hochberg power_two_proportions sample_size_two_proportions
         SequentialDecision paired_sequential sprt_single confidence_sequence bisect_probe_sessions
-        StratifiedResult stratified_exact_test cmh""".split()
+        StratifiedResult stratified_exact_test cmh
+        EquivalenceResult equivalence sessions_to_decide ChannelTest mix_shift rank_shift acceptance_counts_shift""".split()
     assert sorted(names) == sorted(repro.stats.__all__)
     assert all(hasattr(repro.stats, name) for name in names)
