@@ -130,7 +130,8 @@ def count_tables(draw: st.DrawFn) -> tuple[MatrixSpec, dict[tuple[str, ...], dic
     return spec, tables
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# Derandomized: the same 30 tables every run, so the test's cost (exact power per effect) does not vary by draw.
+@settings(max_examples=30, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(count_tables())
 def test_analyse_never_raises_and_writes_only_valid_p_values(table: tuple[MatrixSpec, dict]) -> None:
     spec, tables = table

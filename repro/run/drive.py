@@ -134,7 +134,7 @@ async def drive(
         halting.halt = lambda: loop.call_soon_threadsafe(halt.set)
         if halting.requested:
             halt.set()
-        decided = False
+        decided = whole = False
         try:
             for wave in _waves(options):
                 await anyio.lowlevel.checkpoint()  # lets a Ctrl-C that came while the rule looked set `halt`
@@ -181,8 +181,12 @@ async def drive(
             # The load is over: a Ctrl-C from here on only lets the saving finish.
             halting.over, halting.halt = True, None
         await anyio.lowlevel.checkpoint()
+        if rule is None and whole and halt.is_set():
+            # The Ctrl-C came after the last session ended, before the load was marked over (a window a loaded
+            # machine widens): it cut nothing short, so it is a late one, as if it had come a moment later.
+            halting.late, interrupted = True, False
         # A Ctrl-C that came while the deciding look ran was too late to stop anything: the run is decided.
-        interrupted = interrupted or (halt.is_set() and not decided)
+        interrupted = interrupted or (halt.is_set() and not decided and not halting.late)
         group.cancel_scope.cancel()
         if not interrupted:
             # The counters as the run ends, whatever the scrape interval left out (shielded: the group is cancelled).

@@ -119,6 +119,7 @@ def _likely_outcomes(p1: float, n1: int, p2: float, n2: int, tolerance: float) -
     return k1, k2, flat[keep]
 
 
+@lru_cache(maxsize=1024)  # a matrix asks the same design once per factor and table (0/n vs 0/n above all)
 def power_two_proportions(
     p1: float,
     p2: float,
