@@ -130,8 +130,9 @@ def count_tables(draw: st.DrawFn) -> tuple[MatrixSpec, dict[tuple[str, ...], dic
     return spec, tables
 
 
-# Derandomized: the same 30 tables every run, so the test's cost (exact power per effect) does not vary by draw.
-@settings(max_examples=30, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+# Derandomized, 15 tables: the same every run, so the cost (exact power per effect, up to 480 sessions an arm)
+# is fixed and well under the timeout on a loaded machine.
+@settings(max_examples=15, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(count_tables())
 def test_analyse_never_raises_and_writes_only_valid_p_values(table: tuple[MatrixSpec, dict]) -> None:
     spec, tables = table
