@@ -26,6 +26,7 @@ from repro.stats import (
     stratified_exact_test,
 )
 from repro.stats.equivalence import bracket
+from repro.stats.sidechannels import ChannelTest
 from repro.store.records import OUTCOMES, OutcomeCounts
 
 Verdict = Literal["causes", "widens", "reduces", "practically equivalent", "no detectable effect", "inconclusive",
@@ -126,6 +127,27 @@ class Effect:
     reasons: list[str] = field(default_factory=list)
 
 
+MOVED = ("causes", "widens", "reduces")
+"""Corruption verdicts that say the factor moved the corruption rate."""
+
+
+@dataclass
+class FactorChannels:
+    """A factor's level against its baseline on the side channels: each arm's cells' sessions pooled
+    (repro.matrix.sidechannels)."""
+
+    factor: str
+    level: str
+    baseline: str
+    label: str
+    corruption: str
+    """The factor's corruption verdict, as in `factors`."""
+    tests: list[ChannelTest]
+    """One per channel; `p_adjusted` is Holm's over every channel of every comparison in the matrix."""
+    silent: list[str] = field(default_factory=list)
+    """The channels that shifted while the corruption verdict did not move: "silent regression?"."""
+
+
 @dataclass
 class MatrixAnalysis:
     name: str
@@ -142,6 +164,8 @@ class MatrixAnalysis:
     notes: list[str] = field(default_factory=list)
     sequential: dict[str, Any] | None = None
     """A sequential design's rounds, looks and what they spent (repro.matrix.sequential.SequentialRecord)."""
+    side_channels: list[FactorChannels] = field(default_factory=list)
+    """Each factor's arms compared on the finish_reason mix, output length and speculative acceptance."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -18,6 +18,7 @@ from repro.matrix import sequential
 from repro.matrix.analysis import CellRun, MatrixAnalysis, analyse
 from repro.matrix.design import cells, plan
 from repro.matrix.report import write_reports
+from repro.matrix.sidechannels import add_side_channels
 from repro.matrix.runner import PLAN, PROGRESS, SPEC_COPY
 from repro.matrix.spec import load_spec
 from repro.store.rundir import check_output, dump_json
@@ -42,7 +43,7 @@ def reanalyse(path: Path, out: Path | None = None) -> tuple[MatrixAnalysis, Path
     target = Path(out) if out is not None else root / REANALYSIS
     check_output(target / MATRIX_JSON, [], "reanalyse --out")
     looked = sequential.look_spec(spec) if spec.design.sequential else spec
-    analysis = analyse(looked, runs, [c.as_dict() for c in cells(spec)], len(plan(spec)))
+    analysis = add_side_channels(analyse(looked, runs, [c.as_dict() for c in cells(spec)], len(plan(spec))), root, runs)
     try:
         target.mkdir(parents=True, exist_ok=True)
     except OSError as err:

@@ -14,12 +14,13 @@ from pathlib import Path
 import jinja2
 import matplotlib
 
-from repro.matrix.analysis import CellResult, CellRun, Effect, MatrixAnalysis
+from repro.matrix.analysis import CellResult, CellRun, Effect, FactorChannels, MatrixAnalysis
 from repro.matrix.sequential import summary_lines
 from repro.report.junit import add_properties, junit_xml, xml_text
 from repro.report.markdown import md_escape
 from repro.report.model import fmt_pct, fmt_points, fmt_range
 from repro.report.plots import Plot, encode_figure, label_inches, subplots
+from repro.stats.sidechannels import ChannelTest
 
 HTML = "report.html"
 MARKDOWN = "report.md"
@@ -167,6 +168,17 @@ tests take from that cell alone (its timeouts).</p>
 <td>{{ p(c.p if c else e.p) }}</td><td>{{ p(c.p_adjusted if c else e.p_adjusted) }}</td><td class="l">{{ e.test }}</td>
 <td>{{ "%.2f" % e.power if e.power is not none else "—" }}</td><td class="l">{{ e.reasons | join("; ") }}</td></tr>
 {% endfor %}</table>{% endif %}{% endfor %}
+{% if a.side_channels %}<h2>Side channels</h2>
+<p>Each factor's level against its baseline on the finish_reason mix, output length and speculative acceptance (where
+the server exports it), each arm's cells' sessions pooled; p-values Holm-adjusted over every channel of every
+comparison. A channel that shifted while the corruption verdict did not move is marked "silent regression?": a lead
+to look at, not a verdict.</p>
+<table><tr><th class="l">comparison</th><th class="l">corruption</th><th class="l">channel</th><th class="l">level</th>
+<th class="l">baseline</th><th class="l">test</th><th>Holm p</th><th class="l">finding</th></tr>
+{% for s in a.side_channels %}{% for t in s.tests %}<tr><td class="l">{{ s.label }}</td><td class="l">{{ s.corruption }}</td>
+<td class="l">{{ t.channel }}</td><td class="l">{{ t.arm1 }}</td><td class="l">{{ t.arm2 }}</td><td class="l">{{ t.test }}</td>
+<td>{{ p(t.p_adjusted) }}</td><td class="l{% if t.shifted %} inconclusive{% endif %}">{{ channel_finding(s, t) }}</td></tr>
+{% endfor %}{% endfor %}</table>{% endif %}
 {% if failed %}<h2>Failed runs</h2>
 <p>Excluded from the analysis: they did not measure the configuration asked for, or not to the end.
 <code>--resume</code> reruns them.</p>
@@ -207,7 +219,17 @@ def render_html(analysis: MatrixAnalysis, factors: list[str], runs: list[CellRun
         at_baselines=lambda effect: _at_baselines(analysis, effect),
         cdiff=_conditional_diff,
         p=_p,
+        channel_finding=channel_finding,
     )
+
+
+def channel_finding(comparison: FactorChannels, test: ChannelTest) -> str:
+    """One channel's finding in a word or three."""
+    if test.pvalue is None:
+        return f"not tested ({test.note})"
+    if not test.shifted:
+        return "no shift shown"
+    return "SHIFTED: silent regression?" if test.channel in comparison.silent else "SHIFTED"
 
 
 def render_markdown(analysis: MatrixAnalysis, factors: list[str], runs: list[CellRun] | None = None) -> str:
@@ -233,6 +255,14 @@ def render_markdown(analysis: MatrixAnalysis, factors: list[str], runs: list[Cel
                 diff, adjusted = f"{_conditional_diff(c)} (all: {diff})", _p(c["p_adjusted"])
             lines.append(f"| {md_escape(e.label)} | {md_escape(verdict)} | {treated} | {reference} | "
                          f"{md_escape(diff)} | {md_escape(adjusted)} |")
+    if analysis.side_channels:
+        lines += ["", "| side channel | comparison | corruption | level | baseline | Holm p | finding |",
+                  "|---|---|---|---|---|---|---|"]
+        for s in analysis.side_channels:
+            for t in s.tests:
+                lines.append(f"| {md_escape(t.channel)} | {md_escape(s.label)} | {md_escape(s.corruption)} | "
+                             f"{md_escape(t.arm1)} | {md_escape(t.arm2)} | {md_escape(_p(t.p_adjusted))} | "
+                             f"{md_escape(channel_finding(s, t))} |")
     if analysis.sequential:
         lines += ["", *(f"- {md_escape(line)}" for line in summary_lines(analysis.sequential))]
     failed = [r for r in runs or [] if r.status == "failed"]

@@ -43,6 +43,7 @@ from repro.matrix.fingerprint import plan_fields, resume_refusal
 from repro.matrix.plan import Plan, PlannedEntry
 from repro.matrix.preflight import preflight
 from repro.matrix.report import write_reports
+from repro.matrix.sidechannels import add_side_channels, summary_lines
 from repro.matrix.spec import MatrixSpec, load_spec
 from repro.cluster.rayutil import Executor, check_executor
 from repro.store.records import Summary
@@ -184,6 +185,8 @@ class MatrixRunner:
             analysis = analyse(sequential.look_spec(self.spec), runs, self.cell_order, len(self.runs), effects=effects)
             spent = sequential.record(self.spec, self.looks, runs, len(self.runs), interrupted=interrupted)
             analysis.sequential = dataclasses.asdict(spent)
+        if effects:
+            add_side_channels(analysis, self.path, runs)
         dump_json(self.path / MATRIX_JSON, analysis.to_json())
         return analysis
 
@@ -342,6 +345,8 @@ def run_matrix(
             f"re-analyse with `repro matrix {spec_path} --out {path} --resume`"
         )
     console.print(Text(result.analysis.verdict or "No finished cells: no verdict."))
+    for line in summary_lines(result.analysis):
+        console.print(Text(line))
     if result.analysis.sequential:
         for line in sequential.summary_lines(result.analysis.sequential)[-2:]:  # what was spent, why it stopped
             console.print(Text(line))
