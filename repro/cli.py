@@ -153,8 +153,9 @@ def run_command(
     ),
     report: bool = typer.Option(True, "--report/--no-report", help="Render report.html (default: yes; `repro report` renders it later)."),
     control: list[str] | None = typer.Option(
-        None, "--control", help="A control arm of the same tasks, after the run: concurrency-1, or "
-        "reference=URL[,api-key-env=NAME] (repeatable); control.json says which failing turns fail there too."
+        None, "--control", help="A control arm of the same tasks, after the run: concurrency-1, "
+        "reference=URL[,api-key-env=NAME], or feature-off=NAME (the embedded simulator with hicache, cuda-graph, "
+        "overlap-schedule or pd off) (repeatable); control.json says which failing turns fail there too."
     ),
     *,
     load: dict[str, Any],  # LOAD_FLAGS: OptionGroup.into fills it

@@ -92,7 +92,7 @@ def test_control_arms_put_the_loops_on_the_model_and_the_race_on_the_load(
 
 
 def test_a_bad_control_or_ignore_eos_is_a_usage_error_before_anything_runs(tmp_path: Path) -> None:
-    for args, words in ((["--control", "concurrency-2"], "expected concurrency-1 or reference=URL"),
+    for args, words in ((["--control", "concurrency-2"], "expected concurrency-1, reference=URL[,api-key-env=NAME] or feature-off=NAME"),
                         (["--control", "reference=http://127.0.0.1:1/v1,key=X"], "only ,api-key-env=NAME"),
                         (["--control", "concurrency-1", "--pressure", "auto"], "--control with --pressure"),
                         (["--extra-body", '{"ignore_eos": true}'], "ignore_eos is never sent")):

@@ -8,7 +8,10 @@ beside the control's same turn (repro.store.loops) and control.json is written:
   one session at a time: no load;
 - `reference=URL[,api-key-env=NAME]`: an OpenAI-compatible reference endpoint (the model's official
   API, say) at the run's concurrency; its model is the first of its /v1/models, its key the
-  variable named (never the run's own key: that one belongs to the target).
+  variable named (never the run's own key: that one belongs to the target);
+- `feature-off=NAME`: the embedded simulator started again with that feature switched off
+  (repro.run.features), at the run's concurrency. A turn that fails with the feature off too is not
+  that feature's doing. Against a URL repro cannot restart the server: refused (use `repro matrix`).
 
 A control arm is never gated and never stops early: it is evidence for the run, not a verdict.
 """
@@ -23,6 +26,7 @@ from rich.console import Console
 from repro.errors import EXIT_INTERRUPTED, UsageError
 from repro.run.display import say
 from repro.run.finish import RunResult, write_report
+from repro.run.features import FEATURES_OFF, confirmed_off
 from repro.run.options import RunOptions
 from repro.run.runner import execute_run
 from repro.store.loops import CONTROL_JSON, ControlReport, compare, describe
@@ -31,28 +35,35 @@ from repro.store.rundir import MANIFEST, dump_json, read_sessions
 
 CONCURRENCY_1 = "concurrency-1"
 REFERENCE = "reference"
+FEATURE_OFF = "feature-off"
 
 
 @dataclass(frozen=True)
 class ControlArm:
-    """One `--control` value: its kind, and for a reference its URL and key variable."""
+    """One `--control` value: its kind, for a reference its URL and key variable, for feature-off the feature."""
 
     kind: str
     base_url: str | None = None
     api_key_env: str | None = None
+    feature: str | None = None
 
     @property
     def directory(self) -> str:
-        return f"control-{self.kind}"
+        return f"control-{self.kind}" + (f"-{self.feature}" if self.feature else "")
 
 
 def parse_control(text: str) -> ControlArm:
-    """`concurrency-1` or `reference=URL[,api-key-env=NAME]`; UsageError naming what is wrong."""
+    """`concurrency-1`, `reference=URL[,api-key-env=NAME]` or `feature-off=NAME`; UsageError naming what is wrong."""
     if text == CONCURRENCY_1:
         return ControlArm(CONCURRENCY_1)
     kind, eq, rest = text.partition("=")
+    if kind == FEATURE_OFF and eq:
+        if rest not in FEATURES_OFF:
+            raise UsageError(f"--control {text!r}: unknown feature; expected one of {', '.join(FEATURES_OFF)}")
+        return ControlArm(FEATURE_OFF, feature=rest)
     if kind != REFERENCE or not eq or not rest:
-        raise UsageError(f"--control {text!r}: expected {CONCURRENCY_1} or {REFERENCE}=URL[,api-key-env=NAME]")
+        raise UsageError(f"--control {text!r}: expected {CONCURRENCY_1}, {REFERENCE}=URL[,api-key-env=NAME] "
+                         f"or {FEATURE_OFF}=NAME")
     url, _, extra = rest.partition(",")
     key_env = None
     if extra:
@@ -74,6 +85,12 @@ def control_options(options: RunOptions, run_dir: Path, arm: ControlArm) -> RunO
         data.update(concurrency=1, workers=1, executor="local")
         for key in ("ray_address", "worker_resources"):
             data.pop(key, None)
+    elif arm.kind == FEATURE_OFF:
+        if options.base_url is not None:
+            raise UsageError(f"--control {FEATURE_OFF}={arm.feature}: repro cannot restart the server at --base-url "
+                             f"with the feature off; compare it on and off with `repro matrix` (a factor whose "
+                             f"levels carry the flags)")
+        data.update(sim_args=[*options.sim_args, *FEATURES_OFF[arm.feature or ""].flags])
     else:
         for key in ("model", "api_key_env", "sim_args"):
             data.pop(key, None)
@@ -108,12 +125,17 @@ def run_controls(options: RunOptions, result: RunResult, arms: list[ControlArm],
     report = ControlReport()
     for arm in arms:
         arm_options = control_options(options, run_dir, arm)
-        say(console, f"control {arm.kind}: the same {options.sessions} sessions, "
-                     f"{'one at a time' if arm.kind == CONCURRENCY_1 else 'on ' + str(arm.base_url)}")
+        say(console, f"control {arm.kind}: the same {options.sessions} sessions, {_where(arm)}")
         done = execute_run(arm_options, console=console, live=False, report=False)
-        _mark(done.path, arm.kind)
-        report.arms.append(compare(arm.kind, arm.directory, main, read_sessions(done.path), base_url=arm.base_url,
-                                   concurrency=arm_options.concurrency or arm_options.sessions))
+        manifest = _mark(done.path, arm.kind)
+        comparison = compare(arm.kind, arm.directory, main, read_sessions(done.path), base_url=arm.base_url,
+                             concurrency=arm_options.concurrency or arm_options.sessions)
+        if arm.feature is not None:
+            feature = FEATURES_OFF[arm.feature]
+            comparison = comparison.model_copy(update={
+                "feature": arm.feature, "feature_label": feature.label, "flags": list(feature.flags),
+                "feature_off_confirmed": confirmed_off(feature, manifest.server_info)})
+        report.arms.append(comparison)
         dump_json(run_dir / CONTROL_JSON, report.model_dump(mode="json"))
     for comparison in report.arms:
         for line in describe(comparison):
@@ -121,8 +143,17 @@ def run_controls(options: RunOptions, result: RunResult, arms: list[ControlArm],
     return report
 
 
-def _mark(path: Path, kind: str) -> None:
+def _where(arm: ControlArm) -> str:
+    if arm.kind == CONCURRENCY_1:
+        return "one at a time"
+    if arm.feature is not None:
+        return f"{FEATURES_OFF[arm.feature].label} off ({' '.join(FEATURES_OFF[arm.feature].flags)})"
+    return f"on {arm.base_url}"
+
+
+def _mark(path: Path, kind: str) -> Manifest:
     """Say in the arm's own manifest that it is a control arm (a reader of that directory alone sees it)."""
     file = path / MANIFEST
-    manifest = Manifest.model_validate_json(file.read_text(encoding="utf-8"))
-    dump_json(file, manifest.model_copy(update={"control": kind}).model_dump(mode="json"))
+    manifest = Manifest.model_validate_json(file.read_text(encoding="utf-8")).model_copy(update={"control": kind})
+    dump_json(file, manifest.model_dump(mode="json"))
+    return manifest

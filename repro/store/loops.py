@@ -93,7 +93,7 @@ class ArmComparison(_Record):
     """One control arm against the run under test."""
 
     arm: str
-    """`concurrency-1` or `reference`."""
+    """`concurrency-1`, `reference` or `feature-off`."""
     path: str
     """The control arm's run directory, relative to the run directory."""
     base_url: str | None = None
@@ -110,6 +110,13 @@ class ArmComparison(_Record):
     control_loop_counts: LoopCounts = Field(default_factory=LoopCounts)
     """Loop signals of the control arm on its own."""
     control_corrupt_turns: int = 0
+    feature: str | None = None
+    """feature-off: the feature switched off (`hicache`, …); a turn failing in that arm too is not its doing."""
+    feature_label: str | None = None
+    flags: list[str] = Field(default_factory=list)
+    """feature-off: the simulator flags that switched it off."""
+    feature_off_confirmed: bool | None = None
+    """feature-off: the arm's `/server_info` showed the feature off (None: it reported no such key)."""
 
 
 class ControlReport(_Record):
@@ -174,10 +181,16 @@ def describe(comparison: ArmComparison) -> list[str]:
     """The comparison in a few plain lines (terminal and reports)."""
     c, lp = comparison.corrupt, comparison.loops
     signals = ", ".join(f"{k} {v}" for k, v in comparison.loop_counts.by_signal.items())
+    gone, kept, name = "only under load", "in the control too (the model's)", comparison.arm
+    if comparison.feature is not None:
+        label = comparison.feature_label or comparison.feature
+        gone, kept = f"gone with {label} off", f"with {label} off too (not {label}'s)"
+        name = f"{comparison.arm}={comparison.feature}"
+        if comparison.feature_off_confirmed is not True:
+            name += " (/server_info did not confirm it off)"
     return [
-        f"control {comparison.arm} ({comparison.sessions} sessions, {comparison.paired_turns} turns paired): "
-        f"corrupt turns: {c.load_only} only under load, {c.in_control_too} in the control too (the model's), "
-        f"{c.unpaired} unpaired",
-        f"  loop turns (not counted as corrupt): {lp.in_control_too} in the control too (the model's), "
-        f"{lp.load_only} only under load, {lp.unpaired} unpaired; signals: {signals}",
+        f"control {name} ({comparison.sessions} sessions, {comparison.paired_turns} turns paired): "
+        f"corrupt turns: {c.load_only} {gone}, {c.in_control_too} {kept}, {c.unpaired} unpaired",
+        f"  loop turns (not counted as corrupt): {lp.in_control_too} {kept}, "
+        f"{lp.load_only} {gone}, {lp.unpaired} unpaired; signals: {signals}",
     ]

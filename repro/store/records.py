@@ -450,7 +450,7 @@ class Manifest(_Record):
     """Never true: repro never asks the server to ignore the end of sentence (`--extra-body` may not either),
     so a turn that runs to max_tokens is the model's own doing (docs/control.md)."""
     control: str | None = None
-    """Set on a control arm's own run directory: `concurrency-1` or `reference` (docs/control.md)."""
+    """Set on a control arm's own run directory: `concurrency-1`, `reference` or `feature-off` (docs/control.md)."""
     started_at: str
     """ISO 8601, UTC."""
     ended_at: str | None = None
