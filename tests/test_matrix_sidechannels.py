@@ -13,8 +13,11 @@ from typing import Any
 
 import yaml
 
+from repro.matrix.analysis import Arm, CellRun, Effect, MatrixAnalysis
 from repro.matrix.reanalyse import reanalyse
+from repro.matrix.sidechannels import add_side_channels, pooled
 from repro.matrix.spec import SpecLoader
+from repro.report.sidechannels import Channels
 from repro.store.rundir import read_sessions
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -82,3 +85,33 @@ def test_the_matrix_flags_a_silent_shift_and_only_where_one_happened(tmp_path: P
     # The same side channels from the recorded cells, by today's analysis.
     again, _, _ = reanalyse(out)
     assert [(s.factor, s.silent) for s in again.side_channels] == [(s["factor"], s["silent"]) for s in result["side_channels"]]
+
+
+def test_an_arm_pools_its_runs_and_counts_acceptance_only_where_every_run_exported_it() -> None:
+    one = Channels({"stop": 3, "length": 1}, [10.0, 12.0], accepted=40, drafted=100)
+    two = Channels({"stop": 2}, [11.0], accepted=30, drafted=50)
+    both = pooled([one, two])
+    assert both.finish_reasons == {"stop": 5, "length": 1} and both.lengths == [10.0, 12.0, 11.0]
+    assert (both.accepted, both.drafted) == (70, 150)
+    # A run without the counters: summing the others would compare an arm against part of itself.
+    partial = pooled([one, Channels({"stop": 1}, [9.0])])
+    assert (partial.accepted, partial.drafted) == (None, None)
+    assert pooled([Channels({}, [], accept_samples=[0.5]), Channels({}, [], accept_samples=[0.7])]).accept_samples \
+        == [0.5, 0.7]
+
+
+def test_a_cell_whose_sessions_cannot_be_read_is_left_out_with_a_note(tmp_path: Path) -> None:
+    runs = [CellRun(key=f"f-{level}-r1", cell={"f": level}, replicate=1, order=i, status="finished",
+                    run_dir=f"cells/f-{level}-r1") for i, level in enumerate(("a", "b"))]
+    for run in runs:
+        (tmp_path / str(run.run_dir)).mkdir(parents=True)
+    (tmp_path / "cells" / "f-b-r1" / "sessions.jsonl").write_text("not a record\n{}\n")
+    analysis = MatrixAnalysis(name="m", alpha=0.05, correction="holm", baseline={"f": "a"}, cells=[], factors=[],
+                              interactions=[], timeouts=[], wedges=[], verdict="", runs={})
+    analysis.factors = [Effect(term="f=b", factor="f", level="b", baseline="a", label="f b vs a", outcome="corruption",
+                               treated=Arm(0, 0), reference=Arm(0, 0), test="stratified exact", p=None,
+                               verdict="inconclusive")]
+    add_side_channels(analysis, tmp_path, runs)
+    [side] = analysis.side_channels
+    assert [t.pvalue for t in side.tests] == [None, None] and side.silent == []
+    assert any(n.startswith("side channels: f-b-r1 left out: ") and "not a session record" in n for n in analysis.notes)

@@ -16,7 +16,7 @@ from typing import Sequence
 from repro.matrix.analysis import MOVED, CellRun, FactorChannels, MatrixAnalysis
 from repro.report.sidechannels import Channels, channels_of, compare_channels
 from repro.stats.sidechannels import describe, flag
-from repro.store.rundir import read_sessions
+from repro.store.rundir import DamagedRun, read_sessions
 
 
 def pooled(parts: Sequence[Channels]) -> Channels:
@@ -36,11 +36,21 @@ def pooled(parts: Sequence[Channels]) -> Channels:
     )
 
 
-def arm(root: Path, runs: Sequence[CellRun], factor: str, level: str) -> Channels:
-    """The channels of every finished run whose cell has `factor` at `level`."""
-    dirs = [root / run.run_dir for run in runs
-            if run.status == "finished" and run.run_dir and run.cell.get(factor) == level]
-    return pooled([channels_of(read_sessions(path), path) for path in dirs])
+def arm(root: Path, runs: Sequence[CellRun], factor: str, level: str, notes: list[str]) -> Channels:
+    """The channels of every finished run whose cell has `factor` at `level`; a run whose records cannot be
+    read back is left out, and `notes` says so (its counts still count in the corruption tests)."""
+    parts = []
+    for run in runs:
+        if run.status != "finished" or not run.run_dir or run.cell.get(factor) != level:
+            continue
+        path = root / run.run_dir
+        try:
+            parts.append(channels_of(read_sessions(path), path))
+        except DamagedRun as err:
+            note = f"side channels: {run.key} left out: {err}"
+            if note not in notes:
+                notes.append(note)
+    return pooled(parts)
 
 
 def add_side_channels(analysis: MatrixAnalysis, root: Path, runs: Sequence[CellRun]) -> MatrixAnalysis:
@@ -49,7 +59,7 @@ def add_side_channels(analysis: MatrixAnalysis, root: Path, runs: Sequence[CellR
 
     def arm_of(factor: str, level: str) -> Channels:
         if (factor, level) not in arms:
-            arms[factor, level] = arm(Path(root), runs, factor, level)
+            arms[factor, level] = arm(Path(root), runs, factor, level, analysis.notes)
         return arms[factor, level]
 
     found = [
