@@ -17,6 +17,7 @@ from repro.matrix.analysis import MOVED, CellRun, FactorChannels, MatrixAnalysis
 from repro.report.sidechannels import Channels, channels_of, compare_channels
 from repro.stats.sidechannels import describe, flag
 from repro.store.rundir import DamagedRun, read_sessions
+from repro.untrusted import printable
 
 
 def pooled(parts: Sequence[Channels]) -> Channels:
@@ -85,5 +86,7 @@ def summary_lines(analysis: MatrixAnalysis) -> list[str]:
         tested = sum(test.pvalue is not None for comparison in analysis.side_channels for test in comparison.tests)
         return [f"side channels: no shift shown ({tested} channel tests over {len(analysis.side_channels)} "
                 f"comparisons, Holm-adjusted)"] if analysis.side_channels else []
-    return [f"side channels: {comparison.label}: {'silent regression? ' if test.channel in comparison.silent else ''}"
-            f"{describe(test)}" for comparison, test in shifted]
+    # A finish_reason is the server's text: no control character of it reaches the terminal.
+    return [printable(f"side channels: {comparison.label}: "
+                      f"{'silent regression? ' if test.channel in comparison.silent else ''}{describe(test)}")
+            for comparison, test in shifted]
