@@ -3,6 +3,7 @@ function receives the group's values in one dict instead of a parameter per opti
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 from typing import Any, Callable, TypeVar
@@ -20,6 +21,18 @@ class OptionGroup:
 
     def __or__(self, other: OptionGroup) -> OptionGroup:
         return OptionGroup(**self.options, **other.options)
+
+    def only(self, *names: str, **helps: str) -> OptionGroup:
+        """The named options of this group, defined here once; `helps` restates an option's help where
+        another command gives it a meaning of its own."""
+        picked: dict[str, tuple[Any, OptionInfo]] = {}
+        for name in names:
+            annotation, info = self.options[name]
+            if name in helps:
+                info = copy.copy(info)
+                info.help = helps[name]
+            picked[name] = (annotation, info)
+        return OptionGroup(**picked)
 
     def into(self, parameter: str) -> Callable[[F], F]:
         """Add the group's options to the command's signature (after its own); the command gets their

@@ -102,6 +102,27 @@ def test_fp8_index_k_at_60_sessions_essentially_never_corrupts(sim_server, tmp_p
     assert _counter(sim.url, "sglang:load_back_tokens") > 0
 
 
+def test_fp8_races_under_pressure_on_a_small_pool_only_where_load_backs_share_the_link(sim_server, tmp_path: Path) -> None:
+    # --pressure auto on the default 64,000-token pool: every turn of all 8 sessions loads its whole ~8,500-token
+    # prefix back, several in one batch behind a few hundred new tokens. Two such copies queued on the link move
+    # as many index-K bytes at fp8 as one does at bf16, and outlast the forward's lead: fp8's margin is the
+    # factor of two in bytes, not a guarantee (docs/sim.md). A load-back alone never races at fp8.
+    corrupt, faults = {}, {}
+    for dtype in ("fp8", "bf16"):
+        log = tmp_path / f"{dtype}-faults.jsonl"
+        sim = sim_server("--enable-hierarchical-cache", "--index-k-dtype", dtype, *VIRTUAL, "--fault-log", str(log))
+        options = RunOptions(base_url=sim.base_url, sessions=8, out=tmp_path / dtype, timeout=600, turn_timeout=300,
+                             pressure="auto")
+        execute_run(options, console=Console(quiet=True), live=False, report=False)
+        corrupt[dtype] = json.loads((tmp_path / dtype / "summary.json").read_text())["counts"]["corrupt"]
+        faults[dtype] = read_fault_log(log)
+        assert httpx.get(f"{sim.url}/sim/clock", timeout=10).json()["timeouts"] == 0
+    assert faults["fp8"] and all(f.link_share >= 2 and f.index_k_dtype == "fp8" for f in faults["fp8"])
+    assert any(f.link_share == 1 for f in faults["bf16"])
+    # 4 and 8 of 8 at this seed on the virtual clock.
+    assert 1 <= corrupt["fp8"] < corrupt["bf16"]
+
+
 def test_index_k_gate_at_60_sessions_never_corrupts(sim_server, tmp_path: Path) -> None:
     sim = sim_server(*FAULTY, "--index-k-gate", *FAST)
     records = _run(sim.base_url, tmp_path / "run", 60)

@@ -13,6 +13,7 @@ import typer
 from repro.bisect.ranges import check_at_least, check_probability, check_probe_options, check_template
 from repro.errors import UsageError
 from repro.option_groups import OptionGroup
+from repro.run.flags import LOAD_FLAGS
 from repro.store.paths import default_dir
 
 if TYPE_CHECKING:
@@ -67,12 +68,11 @@ LOAD = OptionGroup(
     sessions=(int | None, SESSIONS),
     seed=(int, typer.Option(0, "--seed", help="Seed of the probes' session tasks.")),
     concurrency=(int | None, typer.Option(None, "--concurrency", help="Sessions at once (default: all of a round).")),
-    turns=(int | None, typer.Option(None, "--turns", help="Maximum turns per session (default: 12).")),
-    timeout=(float | None, typer.Option(None, "--timeout", help="Whole-session budget, seconds (default: 180).")),
-    turn_timeout=(float | None, typer.Option(None, "--turn-timeout", help="One request's budget, seconds (default: 120).")),
-    stall_timeout=(float | None, typer.Option(None, "--stall-timeout", help="No bytes this long: wedged (default: 30).")),
-    workload=(Path | None, typer.Option(None, "--workload", help="Workload YAML (default: experiments/agentic_coding.yaml).")),
-    config=(Path | None, typer.Option(None, "--config", help="A `repro run` options YAML for the load; the command line wins.")),
+) | LOAD_FLAGS.only(
+    "turns", "timeout", "turn_timeout", "stall_timeout", "workload", "config",
+    # Only its load options apply: base_url and sim_args are the bisection's (probe_settings refuses them).
+    config="A `repro run` options YAML whose load options apply; the command line wins.",
+) | OptionGroup(
     alpha=(float, typer.Option(0.05, "--alpha", help="A probe's chance of calling a good target bad.")),
     beta=(float, typer.Option(0.05, "--beta", help="A probe's chance of calling a bad target good.")),
     good_rate=(float, typer.Option(0.001, "--good-rate", help="Corruption rate assumed of a good target (the flaky side).")),

@@ -230,17 +230,15 @@ SHARE_BINS = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
 SIZE_BINS = 6
 
 
-def _compact(tokens: float) -> str:
-    return f"{tokens / 1000:.0f}k" if tokens >= 10_000 else f"{tokens:,.0f}"
-
-
 def _binned(values: np.ndarray, edges: np.ndarray) -> np.ndarray:
     """The bin of each value among `edges`: (e[i], e[i+1]], the first bin closed at its left edge."""
     return np.clip(np.searchsorted(edges, values, side="left") - 1, 0, len(edges) - 2)
 
 
-def _rate_bars(ax: Any, values: np.ndarray, corrupt: np.ndarray, edges: np.ndarray, label: Callable[[float], str]) -> None:
-    """Corrupt share of the turns in each non-empty bin of `values`, with k/n on each bar."""
+def _rate_bars(ax: Any, values: np.ndarray, corrupt: np.ndarray, edges: np.ndarray, label: Callable[[float], str],
+               *, between: str = "-") -> None:
+    """Corrupt share of the turns in each non-empty bin of `values`, with k/n on each bar; `between` joins a
+    bin's edges in its tick label."""
     bins = _binned(values, edges)
     shown = sorted(set(bins.tolist()))
     hits = [int(corrupt[bins == b].sum()) for b in shown]
@@ -249,7 +247,7 @@ def _rate_bars(ax: Any, values: np.ndarray, corrupt: np.ndarray, edges: np.ndarr
     ax.bar(x, [100 * k / n for k, n in zip(hits, counts)], color=OUTCOME_COLOURS["corrupt"])
     for xi, k, n in zip(x, hits, counts):
         ax.annotate(f"{k}/{n}", (xi, 0), xytext=(0, 2), textcoords="offset points", ha="center", fontsize=7)
-    ax.set_xticks(list(x), [f"{label(edges[b])}-{label(edges[b + 1])}" for b in shown], fontsize="small")
+    ax.set_xticks(list(x), [f"{label(edges[b])}{between}{label(edges[b + 1])}" for b in shown], fontsize="small")
     ax.set_ylabel("corrupt turns, % of answered")
 
 
@@ -261,10 +259,13 @@ def turn_size_plot(runs: Sequence[RunView]) -> Plot | None:
         return None
     prompts = np.array([row[0] for row in rows], dtype=float)
     corrupt = np.array([row[2] for row in rows])
-    fig, (by_size, by_share) = subplots((10, 3.2), 1, 2, squeeze=True, wspace=0.3)
+    # Room below the axes for two-line size labels and the axis title under them.
+    fig, (by_size, by_share) = subplots((10, 3.4), 1, 2, squeeze=True, wspace=0.3, bottom=0.75)
     edges = np.unique(np.round(np.quantile(prompts, np.linspace(0, 1, SIZE_BINS + 1))))
     if len(edges) > 1:
-        _rate_bars(by_size, prompts, corrupt, edges, _compact)
+        # Six "1,425-1,686" labels overrun half a 10-inch figure: each bin's edges go on two lines, in full
+        # (rounded to thousands, narrow bins of long prompts read "10k-10k").
+        _rate_bars(by_size, prompts, corrupt, edges, lambda v: f"{v:,.0f}", between="-\n")
     by_size.set_xlabel("prompt tokens")
     cached = [i for i, row in enumerate(rows) if row[1] is not None]
     if cached:

@@ -1,5 +1,6 @@
 """The command-line flags of a run's load, defined once: `repro run` and `repro sweep` both declare
-`LOAD_FLAGS`, so a sweep's levels can be tuned exactly as a run is (and `--config` reads the same YAML)."""
+`LOAD_FLAGS`, so a sweep's levels can be tuned exactly as a run is (and `--config` reads the same YAML);
+the bisect commands take the per-session ones through `LOAD_FLAGS.only`."""
 
 from __future__ import annotations
 

@@ -36,7 +36,6 @@ _SCIPY_TIE = 1 + 1e-13
 _NUISANCE_GRID = np.unique(np.concatenate([np.geomspace(1e-4, 0.5, 60), 1 - np.geomspace(1e-4, 0.5, 60)]))
 
 
-@lru_cache(maxsize=4096)
 def _p_value(test: str, k1: int, n1: int, k2: int, n2: int, alternative: str) -> float:
     table = arm_table(k1, n1, k2, n2)
     if test == "fisher":
@@ -92,10 +91,28 @@ def _fisher_rejects(k1: int, n1: int, k2: int, n2: int, alternative: str, alpha:
     return _p_value("fisher", k1, n1, k2, n2, alternative) <= alpha
 
 
+@lru_cache(maxsize=16)
+def _decisions(test: str, n1: int, n2: int, alternative: str, alpha: float) -> np.ndarray:
+    """The cache of one design's tables, filled as they are asked for: 1 rejects, 0 does not, -1 not yet
+    decided. Designs on the same arms (a matrix's factors, power at other rates) share every table decided,
+    however many there are; at most (MAX_PER_ARM + 1)^2 bytes a design."""
+    return np.full((n1 + 1, n2 + 1), -1, dtype=np.int8)
+
+
+def _rejecting(test: str, k1: np.ndarray, n1: int, k2: np.ndarray, n2: int, alternative: str,
+               alpha: float) -> np.ndarray:
+    """Whether the test rejects each table (k1[i], k2[i]), deciding only those not decided before."""
+    known = _decisions(test, n1, n2, alternative, alpha)
+    decide = _fisher_rejects if test == "fisher" else _boschloo_rejects
+    todo = known[k1, k2] < 0
+    for a, b in zip(k1[todo].tolist(), k2[todo].tolist()):
+        known[a, b] = decide(a, n1, b, n2, alternative, alpha)
+    return known[k1, k2] == 1
+
+
 def rejects(test: Test, k1: int, n1: int, k2: int, n2: int, *, alternative: Alternative, alpha: float) -> bool:
     """Whether the exact test rejects at `alpha` for k1 of n1 against k2 of n2 (scipy only when the bounds cannot tell)."""
-    decide = _fisher_rejects if test == "fisher" else _boschloo_rejects
-    return decide(k1, n1, k2, n2, alternative, alpha)
+    return bool(_rejecting(test, np.array([k1]), n1, np.array([k2]), n2, alternative, alpha)[0])
 
 
 def _check_design(p1: float, p2: float, alpha: float, test: str, alternative: str) -> None:
@@ -109,17 +126,24 @@ def _check_design(p1: float, p2: float, alpha: float, test: str, alternative: st
 
 
 def _likely_outcomes(p1: float, n1: int, p2: float, n2: int, tolerance: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The most likely (k1, k2) outcomes covering all but `tolerance` of the probability, with their probabilities."""
-    joint = np.outer(sps.binom.pmf(np.arange(n1 + 1), n1, p1), sps.binom.pmf(np.arange(n2 + 1), n2, p2))
+    """The most likely (k1, k2) outcomes covering all but `tolerance` of the probability, with their probabilities.
+
+    An arm's counts less likely than tolerance / (n1 + 1)(n2 + 1) are left out before the two arms are
+    joined: every outcome with one of them is less likely than that, and all outcomes that unlikely together
+    hold less than `tolerance`, so none would be taken anyway. An arm keeps the counts within several
+    standard deviations of its mean: the join and its sort shrink from (n + 1)^2 outcomes to a few thousand."""
+    floor = tolerance / ((n1 + 1) * (n2 + 1))
+    pmf1, pmf2 = sps.binom.pmf(np.arange(n1 + 1), n1, p1), sps.binom.pmf(np.arange(n2 + 1), n2, p2)
+    kept1, kept2 = np.flatnonzero(pmf1 >= floor), np.flatnonzero(pmf2 >= floor)
+    joint = np.outer(pmf1[kept1], pmf2[kept2])
     flat = joint.ravel()
     order = np.argsort(flat)[::-1]
     covered = np.cumsum(flat[order])
     keep = order[: int(np.searchsorted(covered, 1.0 - tolerance)) + 1]
-    k1, k2 = np.unravel_index(keep, joint.shape)
-    return k1, k2, flat[keep]
+    i1, i2 = np.unravel_index(keep, joint.shape)
+    return kept1[i1], kept2[i2], flat[keep]
 
 
-@lru_cache(maxsize=1024)  # a matrix asks the same design once per factor and table (0/n vs 0/n above all)
 def power_two_proportions(
     p1: float,
     p2: float,
@@ -142,12 +166,8 @@ def power_two_proportions(
         raise UsageError(f"exact enumeration is limited to {MAX_PER_ARM} sessions per arm, got n1={n1}, n2={n2}")
     if not 0.0 < tolerance < 0.01:
         raise UsageError(f"tolerance must be between 0 and 0.01, got {tolerance}")
-    power = 0.0
-    for k1, k2, prob in zip(*_likely_outcomes(p1, n1, p2, n2, tolerance)):
-        k1, k2 = int(k1), int(k2)
-        if rejects(test, k1, n1, k2, n2, alternative=alternative, alpha=alpha):
-            power += float(prob)
-    return min(power, 1.0)
+    k1, k2, prob = _likely_outcomes(p1, n1, p2, n2, tolerance)
+    return min(float(prob[_rejecting(test, k1, n1, k2, n2, alternative, alpha)].sum()), 1.0)
 
 
 # Exact power saw-tooths in n; how far below the bisection's crossing to look for an earlier one.
