@@ -21,6 +21,7 @@ from typing import Any
 import anyio
 
 from dsml_checker import StreamAccumulator
+from repro.wire import chunks
 from repro.wire.budget import InFlight, Ticket
 from repro.wire.rawtext import LogprobText, RawCollector
 from repro.wire.spool import SPOOL_AT, Spooled, give_back, map_big_blocks, whole
@@ -226,6 +227,11 @@ class _SSEReader:
         """One whole event's data."""
         if self.done:
             raise _Failure("malformed stream: data after [DONE]")
+        if self.rawtext is None and payload.startswith(b"{"):
+            typed = chunks.decode(payload)
+            if typed is not None:
+                self._typed(typed)
+                return
         if payload.strip() == b"[DONE]":
             self.done = True
             return
@@ -245,6 +251,21 @@ class _SSEReader:
         self.accumulator.add_chunk(chunk)
         if self.rawtext is not None:
             self.rawtext.add_chunk(chunk)
+
+    def _typed(self, chunk: chunks.Chunk) -> None:
+        """`_event` for an ordinary chat chunk, already taken apart and type-checked (`repro.wire.chunks`)."""
+        self.events += 1
+        if self.request_id is None and isinstance(chunk.id, str):
+            self.request_id = chunk.id
+        choice = chunk.choices[0] if chunk.choices else None
+        delta = choice.delta if choice is not None else None
+        if delta is None:
+            self.accumulator.add_parts(chunk.usage, choice.finish_reason if choice is not None else None, None, None, None)
+            return
+        if self.clock.first_token is None and (delta.content or delta.reasoning_content or delta.tool_calls):
+            self.clock.first_token = time.perf_counter()
+        reasoning = delta.reasoning_content if delta.reasoning_content is not None else delta.reasoning
+        self.accumulator.add_parts(chunk.usage, choice.finish_reason, delta.content, reasoning, delta.tool_calls)  # type: ignore[union-attr]
 
     def finish(self) -> None:
         """The body ended: flush a last event and check that the answer is whole."""

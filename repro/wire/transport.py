@@ -180,7 +180,15 @@ class _Connection(asyncio.Protocol):
         self._deliver("headers", status, self.fields)
 
     def on_body(self, body: bytes) -> None:
-        self._deliver("body", body)
+        # `_deliver` inlined: every streamed chunk passes here.
+        sink, done = self.sink, self.done
+        if sink is None or done is None or done.done():
+            self._deliver("body", body)  # raises
+        try:
+            sink.body(body)  # type: ignore[union-attr]
+        except Exception as err:
+            self.refusal = err
+            raise
 
     def _deliver(self, method: str, *values: object) -> None:
         """Hand `values` to the sink; what it raises stops the parser and becomes the exchange's end."""
