@@ -561,11 +561,16 @@ class BodyEncoder:
     remembered. The bytes are exactly those of encoding the whole body at once.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, shared: BodyEncoder | None = None) -> None:
         self.memo: dict[int, tuple[object, str]] = {}
+        self.shared = shared
+        """An encoder of values every conversation of the run sends (the tools), consulted when this one has
+        not seen a value: the run's tools are then encoded once for the run, not once per session."""
 
     def _value(self, value: object) -> str:
         known = self.memo.get(id(value))
+        if known is None and self.shared is not None:
+            known = self.shared.memo.get(id(value))
         if known is not None and known[0] is value:
             return known[1]
         text = _object(value) if isinstance(value, dict) else _JSON.encode(value)
@@ -627,9 +632,11 @@ async def send_turn(
         if owned:
             held.release()
         raise
-    with anyio.move_on_after(turn_timeout) as budget, anyio.CancelScope() as stall_scope:
+    # One cancel scope for both limits (a scope costs as much as a streamed chunk): the watch cancels it on a
+    # stall and says so in the clock, so what is left of a cancellation is the time budget's.
+    with anyio.move_on_after(turn_timeout) as budget:
         turn.budget = budget
-        watch = _StallWatch(clock, stall_timeout, stall_scope)
+        watch = _StallWatch(clock, stall_timeout, budget)
         try:
             await client.post(
                 endpoint,
@@ -653,7 +660,7 @@ async def send_turn(
     if clock.stalled:
         result.status = "stalled"
         result.error = f"no bytes for {stall_timeout:g}s"
-    if budget.cancelled_caught:
+    if budget.cancelled_caught and not (clock.stalled or clock.headers_late):
         result.status = "timeout"
         result.error = f"turn exceeded {turn_timeout:g}s"
     result.http_status = turn.status

@@ -248,7 +248,9 @@ class HTTPClient:
     """
 
     def __init__(self, connections: int, *, headers: dict[str, str] | None = None) -> None:
-        self.limit = anyio.Semaphore(max(1, connections))
+        # asyncio's, not anyio's: anyio's acquire yields to the event loop even when a slot is free, one more
+        # pass of the loop for every turn.
+        self.limit = asyncio.Semaphore(max(1, connections))
         self.idle: dict[tuple[str, str, int], list[_Connection]] = {}
         self.headers = _header_lines(headers or {})
         self.tls: ssl.SSLContext | None = None
