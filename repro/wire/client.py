@@ -632,7 +632,7 @@ async def send_turn(
         if owned:
             held.release()
         raise
-    # One cancel scope for both limits (a scope costs as much as a streamed chunk): the watch cancels it on a
+    # One cancel scope for both limits (entering and leaving one cost a turn several µs): the watch cancels it on a
     # stall and says so in the clock, so what is left of a cancellation is the time budget's.
     with anyio.move_on_after(turn_timeout) as budget:
         turn.budget = budget
