@@ -24,6 +24,7 @@ Usage: `python benchmarks/bench_client.py [--levels 250,500,1000,2000,3000] [--q
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
@@ -83,7 +84,8 @@ def drive(base_url: str, sessions: int, turns: int, ramp_up: float = 0.0,
             result = await run_load(sessions, sessions, make, records.append, ramp_up=ramp_up, handle_signals=False)
             return result.loop_lag_s, result.duration_s, time.process_time() - cpu
 
-    lag, wall, cpu = anyio.run(load)
+    # On uvloop when installed, as the floor and `repro run --workers` workers run.
+    lag, wall, cpu = anyio.run(load, backend_options={"use_uvloop": importlib.util.find_spec("uvloop") is not None})
     return records, lag, wall, cpu
 
 

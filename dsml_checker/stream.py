@@ -55,6 +55,23 @@ class StreamAccumulator:
             return
         self._add_delta(delta)
 
+    def add_parts(self, usage: dict[str, Any] | None, finish_reason: str | None, content: str | None,
+                  reasoning: str | None, tool_calls: list[Any] | None) -> None:
+        """`add_chunk` for a chunk its caller already took apart and type-checked (None: the member is absent
+        or null): the usage, the first choice's finish reason and its delta's content, reasoning and tool calls."""
+        self.chunks += 1
+        if usage is not None:
+            self.usage = usage
+        if finish_reason is not None:
+            self.finish_reason = finish_reason
+        if content is not None:
+            self._content.append(content)
+        if reasoning is not None:
+            self._reasoning.append(reasoning)
+        if tool_calls is not None:
+            for entry in tool_calls:
+                self._add_call(entry)
+
     def _add_delta(self, delta: dict[str, Any]) -> None:
         content = delta.get("content")
         if isinstance(content, str):

@@ -87,6 +87,13 @@ class SessionConfig:
         return self.workload.openai_tools() if isinstance(self.workload, Workload) else []
 
     @functools.cached_property
+    def encoder(self) -> BodyEncoder:
+        """The run's tools, encoded once: every session's encoder falls back on it."""
+        encoder = BodyEncoder()
+        encoder.encode({"tools": self.tools})
+        return encoder
+
+    @functools.cached_property
     def endpoint(self) -> Endpoint:
         """Where turns are sent: chat completions, or the raw-text endpoint the observe plan chose."""
         return Endpoint.parse(self.observe.raw_url if self.observe.text_endpoint and self.observe.raw_url else self.url)
@@ -203,7 +210,7 @@ class Session:
         self.failure: str | None = None
         """The non-corrupt way the session ended early: `error` or `timeout`."""
         self.rules: list[str] = []
-        self.encoder = BodyEncoder()
+        self.encoder = BodyEncoder(config.encoder)
 
     def _now(self) -> float:
         return time.perf_counter() - self.origin

@@ -21,6 +21,7 @@ from typing import Any
 import anyio
 
 from dsml_checker import StreamAccumulator
+from repro.wire import chunks
 from repro.wire.budget import InFlight, Ticket
 from repro.wire.rawtext import LogprobText, RawCollector
 from repro.wire.spool import SPOOL_AT, Spooled, give_back, map_big_blocks, whole
@@ -226,6 +227,11 @@ class _SSEReader:
         """One whole event's data."""
         if self.done:
             raise _Failure("malformed stream: data after [DONE]")
+        if self.rawtext is None and payload.startswith(b"{"):
+            typed = chunks.decode(payload)
+            if typed is not None:
+                self._typed(typed)
+                return
         if payload.strip() == b"[DONE]":
             self.done = True
             return
@@ -245,6 +251,21 @@ class _SSEReader:
         self.accumulator.add_chunk(chunk)
         if self.rawtext is not None:
             self.rawtext.add_chunk(chunk)
+
+    def _typed(self, chunk: chunks.Chunk) -> None:
+        """`_event` for an ordinary chat chunk, already taken apart and type-checked (`repro.wire.chunks`)."""
+        self.events += 1
+        if self.request_id is None and isinstance(chunk.id, str):
+            self.request_id = chunk.id
+        choice = chunk.choices[0] if chunk.choices else None
+        delta = choice.delta if choice is not None else None
+        if delta is None:
+            self.accumulator.add_parts(chunk.usage, choice.finish_reason if choice is not None else None, None, None, None)
+            return
+        if self.clock.first_token is None and (delta.content or delta.reasoning_content or delta.tool_calls):
+            self.clock.first_token = time.perf_counter()
+        reasoning = delta.reasoning_content if delta.reasoning_content is not None else delta.reasoning
+        self.accumulator.add_parts(chunk.usage, choice.finish_reason, delta.content, reasoning, delta.tool_calls)  # type: ignore[union-attr]
 
     def finish(self) -> None:
         """The body ended: flush a last event and check that the answer is whole."""
@@ -540,11 +561,16 @@ class BodyEncoder:
     remembered. The bytes are exactly those of encoding the whole body at once.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, shared: BodyEncoder | None = None) -> None:
         self.memo: dict[int, tuple[object, str]] = {}
+        self.shared = shared
+        """An encoder of values every conversation of the run sends (the tools), consulted when this one has
+        not seen a value: the run's tools are then encoded once for the run, not once per session."""
 
     def _value(self, value: object) -> str:
         known = self.memo.get(id(value))
+        if known is None and self.shared is not None:
+            known = self.shared.memo.get(id(value))
         if known is not None and known[0] is value:
             return known[1]
         text = _object(value) if isinstance(value, dict) else _JSON.encode(value)
@@ -606,9 +632,11 @@ async def send_turn(
         if owned:
             held.release()
         raise
-    with anyio.move_on_after(turn_timeout) as budget, anyio.CancelScope() as stall_scope:
+    # One cancel scope for both limits (entering and leaving one cost a turn several µs): the watch cancels it on a
+    # stall and says so in the clock, so what is left of a cancellation is the time budget's.
+    with anyio.move_on_after(turn_timeout) as budget:
         turn.budget = budget
-        watch = _StallWatch(clock, stall_timeout, stall_scope)
+        watch = _StallWatch(clock, stall_timeout, budget)
         try:
             await client.post(
                 endpoint,
@@ -632,7 +660,7 @@ async def send_turn(
     if clock.stalled:
         result.status = "stalled"
         result.error = f"no bytes for {stall_timeout:g}s"
-    if budget.cancelled_caught:
+    if budget.cancelled_caught and not (clock.stalled or clock.headers_late):
         result.status = "timeout"
         result.error = f"turn exceeded {turn_timeout:g}s"
     result.http_status = turn.status

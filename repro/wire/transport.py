@@ -180,7 +180,15 @@ class _Connection(asyncio.Protocol):
         self._deliver("headers", status, self.fields)
 
     def on_body(self, body: bytes) -> None:
-        self._deliver("body", body)
+        # `_deliver` inlined: every streamed chunk passes here.
+        sink, done = self.sink, self.done
+        if sink is None or done is None or done.done():
+            self._deliver("body", body)  # raises
+        try:
+            sink.body(body)  # type: ignore[union-attr]
+        except Exception as err:
+            self.refusal = err
+            raise
 
     def _deliver(self, method: str, *values: object) -> None:
         """Hand `values` to the sink; what it raises stops the parser and becomes the exchange's end."""
@@ -240,7 +248,9 @@ class HTTPClient:
     """
 
     def __init__(self, connections: int, *, headers: dict[str, str] | None = None) -> None:
-        self.limit = anyio.Semaphore(max(1, connections))
+        # asyncio's, not anyio's: anyio's acquire yields to the event loop even when a slot is free, one more
+        # pass of the loop for every turn.
+        self.limit = asyncio.Semaphore(max(1, connections))
         self.idle: dict[tuple[str, str, int], list[_Connection]] = {}
         self.headers = _header_lines(headers or {})
         self.tls: ssl.SSLContext | None = None
