@@ -26,3 +26,4 @@ def may_loop(raw: bytes) -> bool:
         return True
     odd = int.from_bytes(raw[4::8].ljust(n, b"\0"), "big")  # bytes 8m + 4, padded to line up with `even`
     return (x ^ (odd >> 88)).to_bytes(n, "big").find(_ZEROS4, 11) >= 0
+

@@ -268,12 +268,20 @@ def _cut_value(invoke: ShownInvoke, args: dict[str, Any]) -> str | None:
 
 
 def scan_turn(
-    content: str, reasoning: str, calls_value: Any, schemas: dict[str, Any] | None, finish_reason: Any, raw: Any
+    content: str,
+    reasoning: str,
+    calls_value: Any,
+    schemas: dict[str, Any] | None,
+    finish_reason: Any,
+    raw: Any,
+    calls: list[tuple[str, dict[str, Any] | None]] | None = None,
 ) -> list[Finding]:
-    """The rules of this module over one message's texts and calls; `raw` is the turn's raw text, or None."""
+    """The rules of this module over one message's texts and calls; `raw` is the turn's raw text, or None;
+    `calls`, when given, is `call_list(calls_value)` already worked out."""
     findings: list[Finding] = []
     many = isinstance(calls_value, list) and len(calls_value) > 1
-    calls = call_list(calls_value) if many or isinstance(raw, str) else []
+    if calls is None:
+        calls = call_list(calls_value) if many or isinstance(raw, str) else []
     if many:
         found = duplicate_call(calls)
         if found is not None:
