@@ -1,5 +1,6 @@
 """The pre-scan never hides a finding: `check` with its cheap signals (dsml_checker.prescan) gives the same
-verdict and findings as with every signal answering "maybe", on generated clean and damaged turns."""
+verdict and findings as with every signal answering "maybe", on generated clean and damaged turns; and the
+short cuts of the hot path answer as the general code they stand in for."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dsml_checker import ToolCall, check, prescan, render_calls
+from dsml_checker.check import _decode
 from dsml_checker.soft_rules import _candidate_windows
-from dsml_checker.text_rules import _quoted_regions, _single_ticks, _ticks_quote
+from dsml_checker.text_rules import NOT_JSON, _quoted_regions, _single_ticks, _ticks_quote
 
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 GATES = [name for name, value in vars(prescan).items() if callable(value) and name.startswith("may_")]
@@ -112,3 +114,25 @@ def test_quoting_counted_up_to_a_match_agrees_with_the_quoted_regions(text: str,
     if ticks is not None:
         regions = _quoted_regions(text)
         assert _ticks_quote(ticks, start, start + width) == any(lo <= start and hi >= start + width for lo, hi in regions)
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+    max_leaves=8,
+)
+_AROUND = st.sampled_from(["", " ", "\n", "\ufeff", "x", "{", "}", ",1"])
+
+
+@SETTINGS
+@given(value=_JSON, before=_AROUND, after=_AROUND, cut=st.integers(0, 3))
+def test_arguments_decode_as_json_loads_does(value: Any, before: str, after: str, cut: int) -> None:
+    text = before + json.dumps(value, ensure_ascii=cut % 2 == 0) + after
+    text = text[: len(text) - cut // 2]  # sometimes cut short by a character
+    try:
+        expected = json.loads(text)
+    except ValueError:
+        expected = NOT_JSON
+    got = _decode(text)
+    # json.dumps of both sides compares NaN with NaN (it is never equal to itself).
+    assert got is expected if expected is NOT_JSON else json.dumps(got) == json.dumps(expected)
