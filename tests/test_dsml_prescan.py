@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from dsml_checker import ToolCall, check, prescan, render_calls
 from dsml_checker.check import _decode
-from dsml_checker.soft_rules import _candidate_windows
+from dsml_checker.soft_rules import _candidate_windows, _loops
 from dsml_checker.text_rules import NOT_JSON, _quoted_regions, _single_ticks, _ticks_quote
 
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -78,7 +78,7 @@ def every_gate_open() -> Iterator[None]:
 
 
 def test_there_are_gates_to_test() -> None:
-    assert "may_loop" in GATES
+    assert {"may_loop", "may_repeat"} <= set(GATES)
 
 
 @SETTINGS
@@ -99,12 +99,34 @@ def test_no_loop_signal_means_no_candidate_window(parts: list[bytes]) -> None:
         assert _candidate_windows(raw) == []
 
 
+@SETTINGS
+@given(parts=st.lists(st.binary(max_size=40) | st.builds(lambda u, n: u * n, st.binary(min_size=1, max_size=8), st.integers(1, 80)), max_size=8))
+def test_no_repeat_signal_means_no_loop(parts: list[bytes]) -> None:
+    raw = b"".join(parts)
+    if not prescan.may_repeat(raw):
+        assert _loops(raw) == []
+
+
 @pytest.mark.parametrize("unit", [b"0", b"ab", b"abc", b"abcd", b"abcde", b"abcdef", b"abcdefg", b"abcdefgh", "ｘ".encode()])
 @pytest.mark.parametrize("lead", [0, 1, 2, 3, 5, 7])
 def test_a_loop_always_gives_the_signal(unit: bytes, lead: int) -> None:
     raw = b"z" * lead + unit * (200 // len(unit)) + b"y"
     assert _candidate_windows(raw)
     assert prescan.may_loop(raw)
+    assert prescan.may_repeat(raw)
+
+
+@pytest.mark.parametrize("unit", [b"0", b"abc", b"abcde", b"abcdefg", b"abcdefgh"])
+@pytest.mark.parametrize("lead", [0, 1, 2, 3])
+def test_the_shortest_loop_gives_the_repeat_signal(unit: bytes, lead: int) -> None:
+    # 48 bytes of one unit, the least the exact pass reports, wherever it starts against the sample.
+    raw = b"\xff" * lead + (unit * 48)[:48] + b"\xfe"
+    assert prescan.may_repeat(raw)
+
+
+def test_a_table_repeated_every_40_bytes_gives_no_repeat_signal() -> None:
+    table = b"\n| layer | ms |\n|---|---|\n| 42 | 0.89 |\n"
+    assert prescan.may_loop(table * 3) and not prescan.may_repeat(table * 3)
 
 
 @SETTINGS
