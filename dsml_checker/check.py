@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import functools
 import json
+import json.scanner
 import re
 from typing import Any, Callable, ParamSpec
 
 from dsml_checker.findings import Finding, Verdict, make_finding
 from dsml_checker.schema import schema_error
 from dsml_checker.soft_rules import scan_soft
-from dsml_checker.text_rules import scan_arguments, scan_text
+from dsml_checker.text_rules import NOT_JSON, scan_arguments, scan_text
 from dsml_checker.turn_rules import scan_turn
 
 # Quotes, angle brackets, whitespace or a fullwidth bar in a name mean markup spilled into it.
@@ -72,31 +73,44 @@ def _bad_name(name: Any) -> bool:
     return not isinstance(name, str) or not name or _BAD_NAME_RE.search(name) is not None
 
 
-def _parse_object(args: str) -> dict[str, Any] | None:
+# The decoder's C scanner, called directly: json.loads adds three Python calls and two regex matches (the
+# whitespace around the value), a fifth of decoding a typical call's arguments.
+_scan_value = json.scanner.make_scanner(json.JSONDecoder())
+
+
+def _decode(args: str) -> Any:
+    """`args` decoded as JSON, or NOT_JSON; decoded once per call, shared by every rule that reads it."""
     try:
-        parsed = json.loads(args)
-    except ValueError:
-        # An empty string is how several servers send a zero-argument call.
-        return None if args.strip() else {}
-    except RecursionError:  # arrays or objects nested about a thousand deep
-        return None
-    return parsed if isinstance(parsed, dict) else None
+        try:
+            value, end = _scan_value(args, 0)
+        except StopIteration:  # not a value at offset 0: leading blanks, a BOM, or no JSON at all
+            return json.loads(args)
+        # Anything after the value (blanks allowed, "extra data" not) is json.loads' to judge.
+        return value if end == len(args) else json.loads(args)
+    except (ValueError, RecursionError):  # RecursionError: arrays or objects nested about a thousand deep
+        return NOT_JSON
 
 
-def _check_arguments(args: Any, utf8: bytes | None, field: str, schema: Any, has_schema: bool) -> list[Finding]:
-    """`utf8` is `args` as UTF-8 when it is a string."""
+def _check_arguments(args: Any, utf8: bytes | None, field: str, schema: Any, has_schema: bool) -> tuple[list[Finding], Any]:
+    """Findings over one call's arguments, and the arguments as an object (None when they are not one);
+    `utf8` is `args` as UTF-8 when it is a string."""
     if isinstance(args, dict):
         text, parsed, found = json.dumps(args, ensure_ascii=False, default=str), args, []
     elif utf8 is not None:
-        text, found = args, scan_arguments(args, utf8, field)
-        parsed = _parse_object(args)
+        text, decoded = args, _decode(args)
+        found = scan_arguments(args, utf8, field, decoded)
+        if decoded is NOT_JSON:
+            # An empty string is how several servers send a zero-argument call.
+            parsed = None if args.strip() else {}
+        else:
+            parsed = decoded if isinstance(decoded, dict) else None
         if parsed is None:
-            return [*found, _whole("args-not-object", field, text)]
+            return [*found, _whole("args-not-object", field, text)], None
     else:
-        return [_whole("args-not-object", field, repr(args))]
+        return [_whole("args-not-object", field, repr(args))], None
     if has_schema:
         found += _check_schema(parsed, text, field, schema)
-    return found
+    return found, parsed
 
 
 def _check_schema(parsed: dict[str, Any], text: str, field: str, schema: Any) -> list[Finding]:
@@ -110,35 +124,40 @@ def _check_schema(parsed: dict[str, Any], text: str, field: str, schema: Any) ->
 
 def _check_calls(
     calls: Any, schemas: dict[str, Any] | None, texts: list[tuple[str, str]], encoded: list[bytes]
-) -> tuple[list[Finding], list[str]]:
-    """Findings over structured tool_calls, and the names of the well-shaped calls; appends each argument text
-    to `texts` and its UTF-8 to `encoded`."""
+) -> tuple[list[Finding], list[str], list[tuple[str, dict[str, Any] | None]]]:
+    """Findings over structured tool_calls, the names of the well-shaped calls, and (name, arguments object or
+    None) for each of those (turn_rules.call_list's answer, without decoding the arguments again); appends each
+    argument text to `texts` and its UTF-8 to `encoded`."""
     if not isinstance(calls, list):
-        return [_whole("tool-call-shape", "tool_calls", repr(calls)[:80])], []
+        return [_whole("tool-call-shape", "tool_calls", repr(calls)[:80])], [], []
     findings: list[Finding] = []
     names: list[str] = []
+    parsed_calls: list[tuple[str, dict[str, Any] | None]] = []
     for i, call in enumerate(calls):
         fn = call.get("function") if isinstance(call, dict) else None
         if not isinstance(fn, dict):
             findings.append(_whole("tool-call-shape", f"tool_calls[{i}]", repr(call)[:80]))
             continue
         name = fn.get("name")
-        name_field = f"tool_calls[{i}].function.name"
+        named = isinstance(name, str)
         if _bad_name(name):
-            findings.append(_whole("bad-tool-name", name_field, str(name)))
+            findings.append(_whole("bad-tool-name", f"tool_calls[{i}].function.name", str(name)))
         elif schemas is not None and name not in schemas:
-            findings.append(_whole("unknown-tool", name_field, name))
-        if isinstance(name, str):
-            names.append(name)
-        known = schemas is not None and isinstance(name, str) and name in schemas
+            findings.append(_whole("unknown-tool", f"tool_calls[{i}].function.name", name))
+        known = named and schemas is not None and name in schemas
         args, args_field = fn.get("arguments"), f"tool_calls[{i}].function.arguments"
         utf8 = None
         if isinstance(args, str):
             utf8 = args.encode("utf-8", "surrogatepass")
             texts.append((args_field, args))
             encoded.append(utf8)
-        findings += _check_arguments(args, utf8, args_field, schemas.get(name) if known else None, known)
-    return findings, names
+        found, parsed = _check_arguments(args, utf8, args_field, schemas[name] if known else None, known)
+        if found:
+            findings += found
+        if named:
+            names.append(name)
+            parsed_calls.append((name, parsed))
+    return findings, names, parsed_calls
 
 
 def _tool_choice_name(tool_choice: Any) -> str | None:
@@ -213,16 +232,17 @@ def _judge(message: Any, finish_reason: Any, tools: Any, tool_choice: Any, raw: 
     texts: list[tuple[str, str]] = [("content", content), ("reasoning_content", reasoning)]
     encoded: list[bytes] = [content_utf8, reasoning_utf8]
     calls = message.get("tool_calls")
+    parsed_calls: list[tuple[str, dict[str, Any] | None]] = []
     if calls is None:
         names: list[str] = []
     else:
-        found, names = _check_calls(calls, schemas, texts, encoded)
+        found, names, parsed_calls = _check_calls(calls, schemas, texts, encoded)
         if found:
             findings += found
     found = scan_soft(texts, encoded)
     if found:
         findings += found
-    found = scan_turn(content, reasoning, calls, schemas, finish_reason, raw)
+    found = scan_turn(content, reasoning, calls, schemas, finish_reason, raw, parsed_calls)
     if found:
         findings += found
     n_calls = len(calls) if isinstance(calls, list) else 0

@@ -26,3 +26,26 @@ def may_loop(raw: bytes) -> bool:
         return True
     odd = int.from_bytes(raw[4::8].ljust(n, b"\0"), "big")  # bytes 8m + 4, padded to line up with `even`
     return (x ^ (odd >> 88)).to_bytes(n, "big").find(_ZEROS4, 11) >= 0
+
+
+
+_ZEROS6 = b"\0" * 6
+_ZEROS5 = b"\0" * 5
+
+
+def may_repeat(raw: bytes) -> bool:
+    """False only when soft_rules finds no repetition loop in `raw`: asked after `may_loop`, whose sample also
+    answers yes to text that repeats with a longer period (a small table repeated every 40 bytes).
+
+    A loop is a stretch of 48+ bytes repeating a unit of 1 to 8 bytes. Its every 4th byte then repeats 20 bytes
+    on (units of 1, 2, 4, 5), 24 (1, 2, 3, 4, 6, 8) or 28 (7): 5, 6 or 7 samples, over the stretch's 12+ samples,
+    so 6, 6 and 5 equal samples in a row at those shifts.
+    """
+    sample = raw[::4]
+    n = len(sample)
+    x = int.from_bytes(sample, "big")
+    return (
+        (x ^ (x >> 48)).to_bytes(n, "big").find(_ZEROS6, 6) >= 0
+        or (x ^ (x >> 40)).to_bytes(n, "big").find(_ZEROS6, 5) >= 0
+        or (x ^ (x >> 56)).to_bytes(n, "big").find(_ZEROS5, 7) >= 0
+    )

@@ -92,19 +92,39 @@ _CHECKED = frozenset(
 )
 
 
-def _plain_type(schema: Any) -> type | None:
-    """The one Python type a schema accepts when it checks nothing but a plain type ("string", "object", …)."""
-    if isinstance(schema, dict) and isinstance(schema.get("type"), str) and schema.keys().isdisjoint(_CHECKED):
-        return _PLAIN_TYPES.get(schema["type"])
-    return None
+_EXACT_TYPES: dict[str, tuple[type, ...]] = {
+    "string": (str,), "integer": (int,), "number": (int, float), "boolean": (bool,), "null": (type(None),),
+    "object": (dict,), "array": (list,),
+}
+
+
+def _exact_types(schema: Any, also: frozenset[str] = frozenset()) -> frozenset[type] | None:
+    """The Python types whose every instance (of exactly that type: `type(v) is int` leaves bool out) is valid
+    against `schema`, when it checks nothing but its "type" (and the keywords in `also`); None otherwise."""
+    if not isinstance(schema, dict) or "type" not in schema or not (schema.keys() - also).isdisjoint(_CHECKED):
+        return None
+    names = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
+    if not all(isinstance(n, str) and n in _EXACT_TYPES for n in names):
+        return None
+    return frozenset(t for n in names for t in _EXACT_TYPES[n])
+
+
+def _exact_item_types(schema: Any) -> frozenset[type] | None:
+    """For an array schema that checks only its type and its items' plain types: those item types."""
+    types = _exact_types(schema, frozenset({"items"}))
+    if types != frozenset({list}) or "items" not in schema:
+        return None
+    return _exact_types(schema["items"])
 
 
 def _object_check(schema: dict[str, Any]) -> Check | None:
     required = [k for k in schema.get("required") or () if isinstance(k, str)]
     props_raw = schema.get("properties")
     props = {k: compile_schema(v) for k, v in props_raw.items()} if isinstance(props_raw, dict) else {}
-    # Properties of a plain type (most of a tool's) pass by one isinstance in the loop below, not a call each.
-    plain = {k: t for k, v in props_raw.items() if (t := _plain_type(v)) is not None} if props else {}
+    # Properties of a plain type (most of a tool's), or lists of plain items, pass by a type test in the loop
+    # below, not a call each: json.loads builds exact types, and anything else takes the compiled check.
+    exact = {k: t for k, v in props_raw.items() if (t := _exact_types(v)) is not None} if props else {}
+    lists = {k: t for k, v in props_raw.items() if (t := _exact_item_types(v)) is not None} if props else {}
     extra_raw = schema.get("additionalProperties", True)
     extra = None if extra_raw is True or extra_raw is False else compile_schema(extra_raw)
     closed = extra_raw is False
@@ -118,9 +138,13 @@ def _object_check(schema: dict[str, Any]) -> Check | None:
             if key not in value:
                 return f": missing required property {key!r}"
         for key, item in value.items():
-            expected = plain.get(key)
-            if expected is not None and isinstance(item, expected):
+            kind = type(item)
+            if kind in exact.get(key, ()):
                 continue
+            if kind is list:
+                items = lists.get(key)
+                if items is not None and set(map(type, item)) <= items:
+                    continue
             sub = props.get(key)
             if sub is None:
                 if closed:

@@ -2,8 +2,9 @@
 
 All text fields are joined into one byte string and compared with itself shifted, so a message costs a
 handful of C-level big-integer operations however many fields it has: this is the checker's hot path. An
-eighth-size sample tells first whether a loop is possible at all (prescan.may_loop); then a quarter-size sample
-is compared, and only the windows where it repeats get the exact byte-level pass. Loops
+eighth-size sample tells first whether a loop is possible at all (prescan.may_loop, then prescan.may_repeat for
+what repeats with a longer period); then a quarter-size sample is compared, and only the windows where it
+repeats get the exact byte-level pass. Loops
 of about 80 bytes and longer are found (units of 3, 6 or 7 bytes need about 120).
 """
 
@@ -112,7 +113,7 @@ def scan_soft(fields: Sequence[tuple[str, str]], encoded: Sequence[bytes]) -> li
     if len(raw) < len(fields):
         return []  # every field is empty
     findings: list[Finding] = []
-    loops = _loops(raw) if len(raw) >= _MIN_LOOP and prescan.may_loop(raw) else []
+    loops = _loops(raw) if len(raw) >= _MIN_LOOP and prescan.may_loop(raw) and prescan.may_repeat(raw) else []
     starts = list(accumulate((len(part) + 1 for part in encoded[:-1]), initial=0)) if loops else []
     looped: set[int] = set()
     for lo, hi in loops:

@@ -10,7 +10,7 @@ import bisect
 import itertools
 import json
 import re
-from typing import Iterator
+from typing import Any, Iterator
 
 from dsml_checker.findings import Finding, make_finding
 from dsml_checker.formats import SENTINEL
@@ -398,7 +398,9 @@ def _duplicated(text: str, *, anywhere: bool) -> tuple[int, int] | None:
         return None
     # A repeated block is anchored on one of its lines that is long enough to mean something: short lines
     # (table rulers, braces, blank lines) repeat in any answer and would only cost time.
-    lines = [line for line in text.split("\n") if len(line) >= _DUP_LINE_MIN]
+    # Filtered by C-level iterators (no Python step per line): a long answer has hundreds of lines.
+    parts = text.split("\n")
+    lines = list(itertools.compress(parts, map(_DUP_LINE_MIN.__le__, map(len, parts))))
     if len(set(lines)) == len(lines):
         return None
     seen: set[str] = set()
@@ -508,10 +510,16 @@ def scan_text(
     return out.findings, markup
 
 
-def _unescaped(text: str) -> str:
-    """JSON text with its \\u escapes resolved, so an escaped sentinel (\\uff5cDSML\\uff5c) is seen."""
+NOT_JSON = object()
+
+
+def _unescaped(text: str, decoded: Any) -> str:
+    """JSON text with its \\u escapes resolved, so an escaped sentinel (\\uff5cDSML\\uff5c) is seen; `decoded`
+    is the text already decoded, or anything else (NOT_JSON) when it is not JSON."""
+    if decoded is NOT_JSON:
+        return text
     try:
-        return json.dumps(json.loads(text), ensure_ascii=False)
+        return json.dumps(decoded, ensure_ascii=False)
     except (ValueError, RecursionError):
         return text
 
@@ -528,13 +536,15 @@ def _markup_in_arguments(text: str, utf8: bytes) -> re.Match[str] | None:
     return None
 
 
-def scan_arguments(text: str, utf8: bytes, field: str) -> list[Finding]:
-    """Rules for a raw `arguments` string (`utf8`: the same as UTF-8): DSML or special-token markup inside it,
-    even \\u-escaped."""
-    if "|" in text or "｜" in text or "‖" in text or "\\u" in text:
+def scan_arguments(text: str, utf8: bytes, field: str, decoded: Any = NOT_JSON) -> list[Finding]:
+    """Rules for a raw `arguments` string (`utf8`: the same as UTF-8; `decoded`: the string decoded as JSON,
+    when it is JSON): DSML or special-token markup inside it, even \\u-escaped."""
+    escaped = "\\u" in text
+    # Markup needs a bar, and a "<" or the word "dsml": a table's bars alone (prose in a value) need no search.
+    if escaped or (("|" in text or "｜" in text or "‖" in text) and ("<" in text or b"dsml" in utf8.lower())):
         m = _markup_in_arguments(text, utf8)
-        if m is None and "\\u" in text:
-            unescaped = _unescaped(text)
+        if m is None and escaped:
+            unescaped = _unescaped(text, decoded)
             m = _markup_in_arguments(unescaped, unescaped.encode("utf-8", "surrogatepass"))
         if m is not None:
             return [make_finding("args-dsml", field, text, m.start(), m.end())]

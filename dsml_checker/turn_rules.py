@@ -2,12 +2,13 @@
 reasoning replayed into the answer, bare XML tool tags, a re-sent streaming buffer, an empty turn, and, when
 the raw text is at hand, calls or parameters the parser lost.
 
-Each scan is a bounded number of `str.find`/`startswith` calls: linear in the text, no regular expressions.
+Each scan is a bounded number of `str.find`/`startswith` calls and one search for a literal: linear in the text.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Callable
 
 from dsml_checker.findings import Finding, make_finding
@@ -30,6 +31,9 @@ _RESEND_SHORT_MIN = 3
 _RESEND_SCAN = 512
 _RESEND_TRIES = 32
 _XML_TAGS = ("<invoke", "<parameter")
+# One search for either tag: a text with characters beyond Latin-1 (a DSML leak's bars) makes each `in` test
+# for an ASCII word several times slower than this.
+_XML_TAG_RE = re.compile("<(?:invoke|parameter)")
 _MATCH_MAX = 256
 
 
@@ -268,12 +272,20 @@ def _cut_value(invoke: ShownInvoke, args: dict[str, Any]) -> str | None:
 
 
 def scan_turn(
-    content: str, reasoning: str, calls_value: Any, schemas: dict[str, Any] | None, finish_reason: Any, raw: Any
+    content: str,
+    reasoning: str,
+    calls_value: Any,
+    schemas: dict[str, Any] | None,
+    finish_reason: Any,
+    raw: Any,
+    calls: list[tuple[str, dict[str, Any] | None]] | None = None,
 ) -> list[Finding]:
-    """The rules of this module over one message's texts and calls; `raw` is the turn's raw text, or None."""
+    """The rules of this module over one message's texts and calls; `raw` is the turn's raw text, or None;
+    `calls`, when given, is `call_list(calls_value)` already worked out."""
     findings: list[Finding] = []
     many = isinstance(calls_value, list) and len(calls_value) > 1
-    calls = call_list(calls_value) if many or isinstance(raw, str) else []
+    if calls is None:
+        calls = call_list(calls_value) if many or isinstance(raw, str) else []
     if many:
         found = duplicate_call(calls)
         if found is not None:
@@ -287,7 +299,7 @@ def scan_turn(
         first = resent_prefix(text)
         if first:
             findings.append(make_finding("resent-prefix", field, text, 0, 2 * first))
-        if schemas and "<" in text and "name" in text and ("<invoke" in text or "<parameter" in text):
+        if schemas and "<" in text and _XML_TAG_RE.search(text) is not None:
             vocabulary = tool_vocabulary(schemas) if vocabulary is None else vocabulary
             found = bare_tool_tags(text, field, *vocabulary)
             if found is not None:

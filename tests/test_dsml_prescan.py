@@ -1,5 +1,6 @@
 """The pre-scan never hides a finding: `check` with its cheap signals (dsml_checker.prescan) gives the same
-verdict and findings as with every signal answering "maybe", on generated clean and damaged turns."""
+verdict and findings as with every signal answering "maybe", on generated clean and damaged turns; and the
+short cuts of the hot path answer as the general code they stand in for."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dsml_checker import ToolCall, check, prescan, render_calls
-from dsml_checker.soft_rules import _candidate_windows
-from dsml_checker.text_rules import _quoted_regions, _single_ticks, _ticks_quote
+from dsml_checker.check import _decode
+from dsml_checker.soft_rules import _candidate_windows, _loops
+from dsml_checker.text_rules import NOT_JSON, _quoted_regions, _single_ticks, _ticks_quote
 
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 GATES = [name for name, value in vars(prescan).items() if callable(value) and name.startswith("may_")]
@@ -76,7 +78,7 @@ def every_gate_open() -> Iterator[None]:
 
 
 def test_there_are_gates_to_test() -> None:
-    assert "may_loop" in GATES
+    assert {"may_loop", "may_repeat"} <= set(GATES)
 
 
 @SETTINGS
@@ -89,12 +91,18 @@ def test_the_fast_path_finds_what_the_full_path_finds(case: tuple[dict[str, Any]
     assert fast == full
 
 
+# Bytes with runs of short units among noise: where a gate that wrongly answers "no" would hide a loop.
+_RUNS = st.lists(st.binary(max_size=40) | st.builds(lambda u, n: u * n, st.binary(min_size=1, max_size=8), st.integers(1, 80)), max_size=8)
+
+
 @SETTINGS
-@given(parts=st.lists(st.binary(max_size=40) | st.builds(lambda u, n: u * n, st.binary(min_size=1, max_size=8), st.integers(1, 80)), max_size=8))
-def test_no_loop_signal_means_no_candidate_window(parts: list[bytes]) -> None:
+@given(parts=_RUNS)
+def test_no_loop_signal_means_no_candidate_window_and_no_repeat_signal_no_loop(parts: list[bytes]) -> None:
     raw = b"".join(parts)
     if not prescan.may_loop(raw):
         assert _candidate_windows(raw) == []
+    if not prescan.may_repeat(raw):
+        assert _loops(raw) == []
 
 
 @pytest.mark.parametrize("unit", [b"0", b"ab", b"abc", b"abcd", b"abcde", b"abcdef", b"abcdefg", b"abcdefgh", "ｘ".encode()])
@@ -103,6 +111,20 @@ def test_a_loop_always_gives_the_signal(unit: bytes, lead: int) -> None:
     raw = b"z" * lead + unit * (200 // len(unit)) + b"y"
     assert _candidate_windows(raw)
     assert prescan.may_loop(raw)
+    assert prescan.may_repeat(raw)
+
+
+@pytest.mark.parametrize("unit", [b"0", b"abc", b"abcde", b"abcdefg", b"abcdefgh"])
+@pytest.mark.parametrize("lead", [0, 1, 2, 3])
+def test_the_shortest_loop_gives_the_repeat_signal(unit: bytes, lead: int) -> None:
+    # 48 bytes of one unit, the least the exact pass reports, wherever it starts against the sample.
+    raw = b"\xff" * lead + (unit * 48)[:48] + b"\xfe"
+    assert prescan.may_repeat(raw)
+
+
+def test_a_table_repeated_every_40_bytes_gives_no_repeat_signal() -> None:
+    table = b"\n| layer | ms |\n|---|---|\n| 42 | 0.89 |\n"
+    assert prescan.may_loop(table * 3) and not prescan.may_repeat(table * 3)
 
 
 @SETTINGS
@@ -112,3 +134,25 @@ def test_quoting_counted_up_to_a_match_agrees_with_the_quoted_regions(text: str,
     if ticks is not None:
         regions = _quoted_regions(text)
         assert _ticks_quote(ticks, start, start + width) == any(lo <= start and hi >= start + width for lo, hi in regions)
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+    max_leaves=8,
+)
+_AROUND = st.sampled_from(["", " ", "\n", "\ufeff", "x", "{", "}", ",1"])
+
+
+@SETTINGS
+@given(value=_JSON, before=_AROUND, after=_AROUND, cut=st.integers(0, 3))
+def test_arguments_decode_as_json_loads_does(value: Any, before: str, after: str, cut: int) -> None:
+    text = before + json.dumps(value, ensure_ascii=cut % 2 == 0) + after
+    text = text[: len(text) - cut // 2]  # sometimes cut short by a character
+    try:
+        expected = json.loads(text)
+    except ValueError:
+        expected = NOT_JSON
+    got = _decode(text)
+    # json.dumps of both sides compares NaN with NaN (it is never equal to itself).
+    assert got is expected if expected is NOT_JSON else json.dumps(got) == json.dumps(expected)
