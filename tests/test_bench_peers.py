@@ -36,3 +36,17 @@ def test_repro_alone_runs_counts_the_servers_chunks_and_installs_nothing(tmp_pat
     assert "repro at     3 streams: 24 chunks" in done.stdout
     assert "| | repro |" in done.stdout and "| most paced streams held" in done.stdout
     assert not cache.exists()
+
+
+def test_a_peer_that_cannot_be_installed_is_one_line_and_repro_keeps_its_row(tmp_path: Path) -> None:
+    cache = tmp_path / "not-a-directory"
+    cache.write_text("")  # no venv can be made under it: the install fails at once, before any download
+    done = _peers("--peers", "guidellm", "--levels", "2", "--turns", "1", "--chunks", "2", "--interval", "0.02",
+                  "--ttft", "0.1", cache=cache)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "guidellm 0.8.1: not run: uv could not be installed" in done.stdout
+    assert "| | repro | guidellm 0.8.1 |" in done.stdout
+    # Whether repro held 2 streams depends on the machine's load; that the peer has no figure does not.
+    held = next(line for line in done.stdout.splitlines() if line.startswith("| most paced streams held"))
+    assert held.endswith("| n/a |")
+    assert "Traceback" not in done.stdout + done.stderr
