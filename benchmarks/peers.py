@@ -13,9 +13,11 @@ apart): repro as `repro run` with C sessions of --turns turns; a peer with C con
 C x --turns in all. Measured per client and level:
 
 - client CPU: user + system seconds of the client's process and the children it reaped (os.wait4),
-  divided by the content chunks the server sent it (the server's own count, GET /stats). Start-up
-  (imports, tokenizer, the peer's worker processes) is a fixed cost, measured by a run of one
-  stream and subtracted: the figure compared is the marginal CPU per chunk;
+  divided by the content chunks the server sent it (the server's own count, GET /stats), all of it
+  counted, and past start-up: less a run of one stream as long as the level's (--turns requests),
+  which takes the start-up (imports, tokenizer, the peer's worker processes) and what the client
+  spends merely running. The peers spend CPU for as long as they run, as much as the machine leaves
+  them, so their figure past start-up also holds the change in spare CPU between the two runs;
 - timing overhead at p99: the client's own TTFT p99 minus the server's --ttft (the server sends the
   first chunk exactly then, so the excess is the client's and the machine's distortion);
 - whether the level holds: every stream finished and the timing overhead under the lag limit (50 ms,
@@ -264,7 +266,7 @@ class Client:
     error: str | None = None
 
     def per_chunk(self, level: int) -> float | None:
-        """Marginal CPU per chunk at `level`: the start-up run's CPU and chunks taken off."""
+        """CPU per chunk at `level` past start-up: the one-stream run's CPU and chunks taken off."""
         m = (self.levels or {}).get(level)
         if m is None or self.base is None or m.chunks <= self.base.chunks:
             return None
@@ -279,7 +281,7 @@ def sweep(client: Client, name: str, args: argparse.Namespace, work: Path,
         print(f"{client.label}: did not run: {base}")
         return
     client.base, client.levels = base, {}
-    print(f"{client.label}: one stream: {base.cpu_s:.2f} s CPU for {base.chunks} chunks (its start-up cost)")
+    print(f"{client.label}: one stream: {base.cpu_s:.2f} s CPU for {base.chunks} chunks (start-up, and running)")
     for level in args.level_list:
         m = measure(name, level, args, work, peer)
         if isinstance(m, str):
