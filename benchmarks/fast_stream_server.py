@@ -11,6 +11,9 @@ SGLang sends them. HTTP/1.1 keep-alive, chunked transfer encoding. Not a general
 enough for repro's client. One event-loop timer paces every stream (`Pacer`), so the server stays
 cheap next to the client it measures (about ten thousand streams on one core).
 
+`GET /stats` answers `{"completions": N, "chunks": M}`: the completions finished and the content
+chunks sent so far, so a client's CPU can be divided by what it was actually sent.
+
 `--first-request-file PATH` writes the wall-clock time (`time.time()`) at which the first chat request
 arrived, for a client's time to its first request.
 
@@ -121,6 +124,8 @@ class Pacer:
         self.paced: deque[Stream] = deque()
         self.timer: asyncio.Handle | None = None
         self.timer_due = 0.0
+        self.completions = 0
+        self.chunks = 0
 
     def add(self, connection: Connection, final: bool, logprobs: bool) -> None:
         plan = self.plan
@@ -173,7 +178,9 @@ class Pacer:
         else:
             pieces = [stream.parts[index]]
             stream.next = index + 1
+        self.chunks += stream.next - index
         if stream.next >= len(stream.parts):
+            self.completions += 1
             pieces.append(stream.tail)
             transport.write(b"".join(pieces))
             connection.finished()
@@ -228,7 +235,12 @@ class Connection(asyncio.Protocol):
             self.busy = True
             self.pacer.add(self, body.count(ASSISTANT) >= self.plan.final_after, LOGPROBS in body)
         else:
-            payload = MODELS if path.endswith("/models") else b"ok"
+            if path.endswith("/models"):
+                payload = MODELS
+            elif path.endswith("/stats"):
+                payload = json.dumps({"completions": self.pacer.completions, "chunks": self.pacer.chunks}).encode()
+            else:
+                payload = b"ok"
             assert self.transport is not None
             self.transport.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
                                  % (len(payload), payload))

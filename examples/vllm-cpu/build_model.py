@@ -33,10 +33,13 @@ CORPUS = [
 ]
 
 
-def build(out: Path) -> None:
-    import torch
+def build_tokenizer(out: Path):  # noqa: ANN201 (a transformers PreTrainedTokenizerFast; not imported at module level)
+    """Train the DeepSeek-style tokenizer and save it to `out` (needs only tokenizers and transformers).
+
+    Also what the benchmark peers (benchmarks/peers.py) load as their Hugging Face tokenizer.
+    """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
 
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -50,7 +53,14 @@ def build(out: Path) -> None:
     fast.model_max_length = 32768
     out.mkdir(parents=True, exist_ok=True)
     fast.save_pretrained(out)
+    return fast
 
+
+def build(out: Path) -> None:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    fast = build_tokenizer(out)
     torch.manual_seed(0)
     config = LlamaConfig(
         vocab_size=len(fast),
