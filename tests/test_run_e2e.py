@@ -146,7 +146,8 @@ def test_session_budget_gives_timeouts_with_clean_turn_counts(faulty: str, tmp_p
 
 
 def test_stalled_stream_marks_the_session_wedged(faulty: str, tmp_path: Path) -> None:
-    result, _ = run(tmp_path / "run", base_url=f"{faulty}/stall/v1", sessions=2, stall_timeout=0.5)
+    # The first turn streams whole at once, the second stops after a chunk: a budget only the stop exceeds.
+    result, _ = run(tmp_path / "run", base_url=f"{faulty}/stall/v1", sessions=2, stall_timeout=5)
     for session in load_run(result.path).sessions:
         assert (session.outcome, session.wedged, session.clean_turns) == ("timeout", True, 1)
         assert session.turns[-1].status == "stalled"
