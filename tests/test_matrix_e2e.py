@@ -171,7 +171,7 @@ def test_sigint_mid_cell_stops_every_process_and_keeps_what_finished(tmp_path: P
     matrix = tmp_path / "m"
     proc = start(["matrix", str(spec), "--out", str(matrix), "--no-cell-reports"], tmp_path / "m.log")
     try:
-        wait_for(lambda: any(matrix.glob("cells/*/sessions.jsonl")), 60, "the first cell's load to start")
+        wait_for(lambda: any(matrix.glob("cells/*/sessions.jsonl")), 180, "the first cell's load to start")
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=60) == 130, (tmp_path / "m.log").read_text()[-2000:]
     finally:

@@ -206,7 +206,7 @@ def test_sigint_keeps_finished_sessions_and_writes_the_summary(faulty: str, tmp_
     args = ["run", "--base-url", f"{faulty}/slow:0.1/v1", "--sessions", "8", "--concurrency", "2", "--out", str(out)]
     proc = repro_cli(*args, "--api-key-env", "REPRO_TEST_KEY", env=env)
     sessions_file = out / "sessions.jsonl"
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 180
     while not (sessions_file.exists() and sessions_file.read_text().count("\n") >= 1):
         assert proc.poll() is None and time.monotonic() < deadline, "no session finished in time"
         time.sleep(0.05)
