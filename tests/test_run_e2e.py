@@ -130,15 +130,16 @@ def test_concurrency_cap_ramp_up_and_live_view(faulty: str, tmp_path: Path) -> N
 
 
 def test_session_budget_gives_timeouts_with_clean_turn_counts(faulty: str, tmp_path: Path) -> None:
-    # 5 chunks 0.15 s apart: about 0.75 s a turn, so a 1.9 s budget ends a 4-turn session early.
-    result, _ = run(tmp_path / "run", base_url=f"{faulty}/slow:0.15/v1", sessions=3, timeout=1.9)
+    # 5 chunks 0.5 s apart: at least 2.5 s a turn, so a 6 s budget ends a 4-turn session early, and leaves a
+    # loaded machine 3.5 s to spare on the first turn.
+    result, _ = run(tmp_path / "run", base_url=f"{faulty}/slow:0.5/v1", sessions=3, concurrency=3, timeout=6)
     sessions = load_run(result.path).sessions
     for session in sessions:
         assert session.outcome == "timeout" and not session.wedged
         assert session.clean_turns >= 1
         assert session.clean_turns == sum(1 for t in session.turns if t.verdict == "clean")
         assert session.turns[-1].status == "timeout"
-        assert session.error is not None and session.error.startswith("session budget of 1.9s used up")
+        assert session.error is not None and session.error.startswith("session budget of 6s used up")
     summary = result.summary
     assert summary.counts["timeout"] == 3 and summary.corruption_rate.n == 0
     assert summary.worst_case is not None and summary.worst_case.n == 3
