@@ -24,6 +24,10 @@ COMMON = "--clock virtual --time-scale 0.05 --final-after-turns 10"
 
 pytestmark = pytest.mark.slow
 PER_TEST_TIMEOUT_S = 300  # pyproject's; a wait that long only bounds a run without pytest-timeout
+# A whole search, probe after probe: its work is fixed (the virtual clock's counts), its time the
+# machine's. Measured here: 25-75 s at load 14, 255-265 s at load 25 (two busy loops beside other work), so
+# the budget is twice pyproject's.
+SEARCH_TIMEOUT = pytest.mark.timeout(2 * PER_TEST_TIMEOUT_S)
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +48,7 @@ def finish(proc: subprocess.Popen[bytes], log: Path) -> int:
     """`proc`'s exit code. No budget of its own: how long a search takes is the machine's load, so pytest's
     per-test timeout bounds it (and the `repro` fixture then interrupts the command)."""
     try:
-        return proc.wait(timeout=PER_TEST_TIMEOUT_S)
+        return proc.wait(timeout=2 * PER_TEST_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         raise AssertionError(log.read_text()[-3000:]) from None
 
@@ -94,6 +98,7 @@ def test_sigint_cancels_the_probes_and_leaves_no_server(cluster: tuple[Cluster, 
     assert not (out / "probes.jsonl").exists()
 
 
+@SEARCH_TIMEOUT
 def test_commit_bisection_runs_two_probes_at_once_and_names_the_culprit(
     cluster: tuple[Cluster, dict[str, str]], repro: Commands, tmp_path: Path
 ) -> None:
@@ -120,6 +125,7 @@ def test_commit_bisection_runs_two_probes_at_once_and_names_the_culprit(
     assert nodes["node_b"] in (out / "report.md").read_text()
 
 
+@SEARCH_TIMEOUT
 def test_flag_bisection_probes_on_the_node_named_and_a_lost_probe_is_rerun_on_resume(
     cluster: tuple[Cluster, dict[str, str]], repro: Commands, tmp_path: Path
 ) -> None:
