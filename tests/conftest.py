@@ -7,6 +7,7 @@ from typing import Callable, Iterator
 
 import pytest
 from faulty_servers import start_faulty_server
+from hypothesis import HealthCheck, settings
 
 from repro.sim.launch import SimHandle, start_sim
 
@@ -20,6 +21,10 @@ QUICK_MODULES = frozenset({
 })
 """The quick tier (`pytest -m "not slow"`): pure tests that start no server and no process. Every other
 module is slow as a whole, so a new module joins the quick tier only by being named here."""
+settings.register_profile("any_load", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("any_load")
+"""Hypothesis's defaults fail an example slower than 200 ms and a draw slower than its budget: on a loaded
+machine that is the machine, not the property. Every test's own settings start from this profile."""
 SHARED_GROUPS = {"test_ray_matrix": "ray", "test_ray_run": "ray", "test_ray_search": "ray", "test_matrix_sequential": "ray"}
 """Modules that must not run beside each other under xdist: each starts a Ray cluster of its own."""
 

@@ -556,7 +556,7 @@ def start_faulty_server(log_path: Path | None = None) -> tuple[ManagedProcess, s
     proc = start_process([sys.executable, __file__, "--port", str(port)], log_path=log_path)
     root = f"http://127.0.0.1:{port}"
     try:
-        wait_http_ready(f"{root}/health", timeout=30, process=proc)
+        wait_http_ready(f"{root}/health", timeout=120, process=proc)
     except BaseException:
         proc.stop()
         raise

@@ -1,5 +1,6 @@
 """Test helpers for processes: waiting on a condition, and whether a process group has ended (tests that launch
-servers assert nothing is left behind)."""
+servers assert nothing is left behind). Their waits are for what must happen eventually: the budgets are
+generous, since a loaded machine decides how soon."""
 
 import os
 import time
@@ -9,7 +10,7 @@ from typing import Callable
 from repro.procs.reaper import _stat as process_stat
 
 
-def group_gone(pgid: int, timeout: float = 10.0) -> bool:
+def group_gone(pgid: int, timeout: float = 60.0) -> bool:
     """True once no process of the group `pgid` exists; False if some still does after `timeout` seconds."""
     deadline = time.monotonic() + timeout
     while True:
@@ -29,7 +30,7 @@ def pid_gone(pid: int) -> bool:
     return stat is None or stat[0] in ("Z", "X")
 
 
-def poll(condition: Callable[[], bool], timeout: float = 30.0) -> bool:
+def poll(condition: Callable[[], bool], timeout: float = 120.0) -> bool:
     """True once `condition()` holds; False if it still does not after `timeout` seconds."""
     deadline = time.monotonic() + timeout
     while not condition():

@@ -24,15 +24,18 @@ REPRO = [sys.executable, "-c", "from repro.cli import main; main()"]
 NODE_ARGS = dict(num_cpus=1, object_store_memory=80 * 1024 * 1024, include_dashboard=False, node_ip_address="127.0.0.1")
 FAST_HEALTH = {"health_check_period_ms": 500, "health_check_failure_threshold": 3}
 """Health checks every 0.5 s: a killed node is known dead in seconds, not half a minute."""
+NODES_UP_S = 240
+"""How long the two nodes may take to register: only whether they do is the question."""
 
 
 def two_nodes(**head: Any) -> Iterator[tuple[Cluster, dict[str, str]]]:
     """For a module-scoped fixture: the cluster and the node ids by name; `head` overrides the head's NODE_ARGS."""
     head_args = {**NODE_ARGS, **head, "resources": {"node_a": 1}, "_system_config": FAST_HEALTH}
-    made = Cluster(initialize_head=True, head_node_args=head_args)
+    # Ray's own waits for a node to register are 30 s each; a loaded machine takes longer: one wait here.
+    made = Cluster(initialize_head=True, head_node_args={**head_args, "wait": False})
     try:
-        worker = made.add_node(**NODE_ARGS, resources={"node_b": 1})
-        made.wait_for_nodes()
+        worker = made.add_node(**NODE_ARGS, resources={"node_b": 1}, wait=False)
+        made.wait_for_nodes(timeout=NODES_UP_S)
         yield made, {"node_a": made.head_node.node_id, "node_b": worker.node_id}
     finally:
         made.shutdown()
@@ -42,6 +45,48 @@ def repro(args: list[str], log: Path) -> subprocess.Popen[bytes]:
     """`repro ARGS` as a process of its own (run from the project root), stdout and stderr into `log`."""
     with open(log, "wb") as out:
         return subprocess.Popen([*REPRO, *args], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+
+
+def ended(proc: subprocess.Popen[bytes], grace: float = 120) -> None:
+    """Ctrl-C to `proc` if it still runs (a `repro` command cancels its Ray tasks on it), killed if it
+    outlives `grace` seconds."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=30)
+
+
+class Commands:
+    """The `repro` commands one test starts. Any still running when the test ends (it failed, or pytest's
+    per-test timeout fired) is interrupted and its log's tail printed: a command left running holds the
+    cluster's CPUs, and every later test of the module would then wait behind its Ray tasks."""
+
+    def __init__(self) -> None:
+        self.started: list[tuple[subprocess.Popen[bytes], Path]] = []
+
+    def __call__(self, args: list[str], log: Path) -> subprocess.Popen[bytes]:
+        proc = repro(args, log)
+        self.started.append((proc, log))
+        return proc
+
+    def close(self) -> None:
+        for proc, log in self.started:
+            if proc.poll() is None:
+                print(f"still running at the test's end, interrupted: repro {' '.join(proc.args[3:])}\n"
+                      f"{log.read_text(errors='replace')[-3000:]}")
+                ended(proc)
+
+
+def commands() -> Iterator[Commands]:
+    """For a function-scoped fixture: a `Commands` closed when the test ends, however it ends."""
+    started = Commands()
+    try:
+        yield started
+    finally:
+        started.close()
 
 
 def interrupt_when(proc: subprocess.Popen[bytes], ready: Callable[[], bool], what: str, timeout: float = 120) -> int:

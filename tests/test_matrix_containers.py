@@ -56,7 +56,7 @@ def test_dry_run_of_the_shipped_docker_matrix_launches_nothing(docker: Path, tmp
 
 def test_stopping_a_docker_launch_removes_its_container(docker: Path, tmp_path: Path) -> None:
     proc = start_process(["docker", "run", "--rm", "fake/image", *STUBBORN], log_path=tmp_path / "d.log", grace=1.0)
-    wait_for(lambda: len(fake_docker.running(docker)) == 1, 30, "the container to run")
+    wait_for(lambda: len(fake_docker.running(docker)) == 1, 120, "the container to run")
     [container] = fake_docker.running(docker)
     assert container["labels"][LABEL] == proc.tag
     proc.stop(timeout=1.0)

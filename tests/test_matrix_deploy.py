@@ -36,7 +36,7 @@ from repro.matrix.spec import MatrixSpec
 from repro.sim.launch import start_sim
 
 SIM = "${python} -m repro.sim serve --host 127.0.0.1 --port ${port} --time-scale 0"
-READY = {"timeout": 30, "interval": 0.05}
+READY = {"timeout": 120, "interval": 0.05}
 
 
 def spec_of(factors: dict[str, Any], deployment: dict[str, Any], **extra: Any) -> MatrixSpec:
@@ -151,7 +151,7 @@ def test_external_hooks_get_the_flags_and_always_tear_down(tmp_path: Path) -> No
     assert (state / "flags").read_text().strip() == "--enable-hierarchical-cache"
     assert (state / "torn-down").exists()
     pid = int((state / "pid").read_text())
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60
     while time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
         time.sleep(0.05)
     assert not Path(f"/proc/{pid}").exists()

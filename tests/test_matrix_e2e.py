@@ -171,7 +171,7 @@ def test_sigint_mid_cell_stops_every_process_and_keeps_what_finished(tmp_path: P
     matrix = tmp_path / "m"
     proc = start(["matrix", str(spec), "--out", str(matrix), "--no-cell-reports"], tmp_path / "m.log")
     try:
-        wait_for(lambda: any(matrix.glob("cells/*/sessions.jsonl")), 60, "the first cell's load to start")
+        wait_for(lambda: any(matrix.glob("cells/*/sessions.jsonl")), 180, "the first cell's load to start")
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=60) == 130, (tmp_path / "m.log").read_text()[-2000:]
     finally:
@@ -179,7 +179,7 @@ def test_sigint_mid_cell_stops_every_process_and_keeps_what_finished(tmp_path: P
             os.killpg(proc.pid, signal.SIGKILL)
     groups = [proc.pid, *launched_groups(matrix)]
     assert len(groups) >= 2
-    wait_for(lambda: all(group_gone(g, timeout=0) for g in groups), 15, "every process group to end")
+    wait_for(lambda: all(group_gone(g, timeout=0) for g in groups), 120, "every process group to end")
     assert "interrupted" in (tmp_path / "m.log").read_text()
     assert (matrix / "matrix.json").exists() and progress(matrix) == []
 
@@ -309,7 +309,7 @@ def test_sigkill_of_the_matrix_stops_its_servers_even_those_that_left_the_group(
         assert not pid_gone(server)
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
-        wait_for(lambda: pid_gone(server) and all(group_gone(g, timeout=0) for g in launched_groups(matrix)), 30,
+        wait_for(lambda: pid_gone(server) and all(group_gone(g, timeout=0) for g in launched_groups(matrix)), 120,
              "every server process to end")
     finally:
         if proc.poll() is None:

@@ -4,11 +4,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from proc_helpers import group_gone, pid_gone, poll
+from proc_helpers import group_gone, pid_gone, poll, wait_for
 
 from repro.errors import TargetError
 from repro.procs.process import (
@@ -23,9 +22,8 @@ from repro.procs.process import (
 def test_stop_kills_children_that_ignore_sigterm(tmp_path: Path) -> None:
     script = "trap '' TERM; (trap '' TERM; sleep 300) & echo started; wait"
     proc = start_process(["bash", "-c", script], log_path=tmp_path / "out.log")
-    deadline = time.monotonic() + 10
-    while "started" not in proc.log_tail() and time.monotonic() < deadline:
-        time.sleep(0.02)
+    # Only once the traps are set does the stop test what it means to.
+    wait_for(lambda: "started" in proc.log_tail(), 120, "the script to set its traps")
     proc.stop(timeout=0.5)
     assert group_gone(proc.pgid)
 
@@ -35,7 +33,7 @@ def test_wait_http_ready_names_the_dead_process_and_its_output(tmp_path: Path) -
         [sys.executable, "-c", "import sys; print('boom: bad flag'); sys.exit(4)"], log_path=tmp_path / "out.log"
     )
     with pytest.raises(TargetError, match="exited with code 4") as err:
-        wait_http_ready(f"http://127.0.0.1:{free_port()}/health", timeout=20, process=proc)
+        wait_http_ready(f"http://127.0.0.1:{free_port()}/health", timeout=120, process=proc)
     assert "boom: bad flag" in str(err.value)
     proc.stop()
 
@@ -53,7 +51,7 @@ def test_ready_server_is_seen(tmp_path: Path) -> None:
         log_path=tmp_path / "http.log",
     )
     try:
-        wait_http_ready(f"http://127.0.0.1:{port}/", timeout=20, process=proc)
+        wait_http_ready(f"http://127.0.0.1:{port}/", timeout=120, process=proc)
     finally:
         proc.stop()
     assert group_gone(proc.pgid)
@@ -90,8 +88,8 @@ def test_sigkill_of_the_harness_stops_its_group_and_what_left_it(tmp_path: Path)
         assert not pid_gone(detached) and not group_gone(pgid, timeout=0)
         os.killpg(harness.pid, signal.SIGKILL)
         harness.wait(timeout=10)
-        assert group_gone(pgid, timeout=20)
-        assert poll(lambda: pid_gone(detached), timeout=20)
+        assert group_gone(pgid, timeout=120)
+        assert poll(lambda: pid_gone(detached), timeout=120)
     finally:
         if harness.poll() is None:
             harness.kill()
@@ -110,13 +108,13 @@ def test_repro_run_killed_with_sigkill_leaves_no_embedded_simulator(tmp_path: Pa
 
     try:
         # sessions.jsonl is made before the simulator starts: wait for the simulator itself.
-        assert poll(lambda: (out / "sessions.jsonl").exists() and embedded_sims() or repro.poll() is not None, timeout=60)
+        assert poll(lambda: (out / "sessions.jsonl").exists() and embedded_sims() or repro.poll() is not None, timeout=180)
         assert repro.poll() is None, "the run ended before it could be killed"
         sims = embedded_sims()
         assert len(sims) == 1
         os.killpg(repro.pid, signal.SIGKILL)
         repro.wait(timeout=10)
-        assert poll(lambda: pid_gone(sims[0]), timeout=30)
+        assert poll(lambda: pid_gone(sims[0]), timeout=120)
     finally:
         if repro.poll() is None:
             repro.kill()
@@ -153,7 +151,7 @@ def test_port_in_use_names_the_occupant_and_confirm_listener_refuses_it(tmp_path
     )
     bystander = start_process(["sleep", "300"], log_path=tmp_path / "bystander.log")
     try:
-        wait_http_ready(f"http://127.0.0.1:{port}/", timeout=20, process=occupant)
+        wait_http_ready(f"http://127.0.0.1:{port}/", timeout=120, process=occupant)
         assert port_in_use(port).startswith(f"pid {occupant.pid} ({sys.executable} -m http.server {port} ")
         assert confirm_listener(occupant, port) is None
         with pytest.raises(TargetError, match=f"port {port} is held by pid {occupant.pid} .*not by the launched sleep"):

@@ -109,7 +109,7 @@ def test_ray_workers_play_the_same_sessions_as_local_workers_on_the_nodes_asked(
     # Kept raw responses (the corrupt turns') name files the driver wrote.
     kept = [turn.raw_path for s in b.sessions for turn in s.turns if turn.raw_path]
     assert kept and all((tmp_path / "ray" / path).is_file() for path in kept)
-    wait_for(lambda: not actor_pids(), 30, "the run's actors to end")
+    wait_for(lambda: not actor_pids(), 120, "the run's actors to end")
 
 
 def test_sigint_stops_the_actors_and_keeps_every_session(
@@ -130,7 +130,7 @@ def test_sigint_stops_the_actors_and_keeps_every_session(
     finally:
         if proc.poll() is None:
             proc.kill()
-    wait_for(lambda: not actor_pids(), 30, "every actor process to end")
+    wait_for(lambda: not actor_pids(), 120, "every actor process to end")
     assert_every_shard_cut_short(out, 12)
 
 
@@ -152,4 +152,4 @@ def test_a_lost_node_turns_its_sessions_in_flight_into_errors_and_the_run_ends(
     lost = [p for p in loaded.manifest.workers if p.lost]
     assert [(p.index, p.node["ray_node_id"]) for p in lost] == [(1, nodes["node_b"])]
     assert "worker 1 on" in (out / "report.html").read_text()
-    wait_for(lambda: not actor_pids(), 30, "the surviving actor to end")
+    wait_for(lambda: not actor_pids(), 120, "the surviving actor to end")

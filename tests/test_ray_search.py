@@ -4,7 +4,6 @@ loopback only): real `repro` processes, real Ray tasks launching real simulators
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import uuid
 from pathlib import Path
@@ -12,7 +11,7 @@ from typing import Iterator
 
 import pytest
 from proc_helpers import marked_pids, pids_where, wait_for
-from ray_cluster import Cluster, interrupt_when, lose_node_b, repro, two_nodes
+from ray_cluster import Cluster, Commands, commands, interrupt_when, lose_node_b, two_nodes
 from run_builders import run_main
 
 from repro.bisect.simrepo import BUILD, DEPLOY, build_repo
@@ -24,6 +23,11 @@ LOAD = ["--sessions", "16", "--turns", "14"]
 COMMON = "--clock virtual --time-scale 0.05 --final-after-turns 10"
 
 pytestmark = pytest.mark.slow
+PER_TEST_TIMEOUT_S = 300  # pyproject's; a wait that long only bounds a run without pytest-timeout
+# A whole search, probe after probe: its work is fixed (the virtual clock's counts), its time the
+# machine's. Measured here: 25-75 s at load 14, 255-265 s at load 25 (two busy loops beside other work), so
+# the budget is twice pyproject's.
+SEARCH_TIMEOUT = pytest.mark.timeout(2 * PER_TEST_TIMEOUT_S)
 
 
 @pytest.fixture(scope="module")
@@ -34,12 +38,18 @@ def cluster() -> Iterator[tuple[Cluster, dict[str, str]]]:
     yield from two_nodes()
 
 
-def finish(proc: subprocess.Popen[bytes], log: Path, timeout: float) -> int:
+@pytest.fixture
+def repro() -> Iterator[Commands]:
+    """`repro ARGS` as a process; one still running when the test ends is interrupted (its Ray tasks with it)."""
+    yield from commands()
+
+
+def finish(proc: subprocess.Popen[bytes], log: Path) -> int:
+    """`proc`'s exit code. No budget of its own: how long a search takes is the machine's load, so pytest's
+    per-test timeout bounds it (and the `repro` fixture then interrupts the command)."""
     try:
-        return proc.wait(timeout=timeout)
+        return proc.wait(timeout=2 * PER_TEST_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=120)
         raise AssertionError(log.read_text()[-3000:]) from None
 
 
@@ -70,8 +80,27 @@ def test_bad_executor_combinations_are_one_line_and_make_nothing(
         assert not out.exists()
 
 
+# First of the cluster's tests, and the cheapest: pytest's per-test timeout counts the cluster's start in it.
+def test_sigint_cancels_the_probes_and_leaves_no_server(cluster: tuple[Cluster, dict[str, str]], repro: Commands, tmp_path: Path) -> None:
+    made, _ = cluster
+    mark = uuid.uuid4().hex
+    out = tmp_path / "bisect"
+    # Slow sessions: the probes are still serving when the interrupt comes.
+    good = f"--time-scale 1 --index-k-dtype fp8 / REPRO_TEST_MARK={mark}"
+    bad = f"--time-scale 1 --enable-hierarchical-cache --tp 4 / REPRO_TEST_MARK={mark}"
+    proc = repro(["bisect", "flags", "--good", good, "--bad", bad, "--out", str(out), "--sessions", "8",
+                  "--executor", "ray", "--ray-address", made.address], tmp_path / "log")
+    code = interrupt_when(proc, lambda: len(marked_pids(mark)) >= 1, "the bad end's server to serve")
+    assert code == 130, (tmp_path / "log").read_text()[-3000:]
+    wait_for(lambda: not marked_pids(mark), 120, "every server the probes launched to end")
+    log = (tmp_path / "log").read_text()
+    assert "cancelling 1 Ray task(s)" in log and "repro: interrupted" in log and "Traceback" not in log
+    assert not (out / "probes.jsonl").exists()
+
+
+@SEARCH_TIMEOUT
 def test_commit_bisection_runs_two_probes_at_once_and_names_the_culprit(
-    cluster: tuple[Cluster, dict[str, str]], tmp_path: Path
+    cluster: tuple[Cluster, dict[str, str]], repro: Commands, tmp_path: Path
 ) -> None:
     made, nodes = cluster
     shas = build_repo(tmp_path / "repo", commits=5, culprit=2)
@@ -79,7 +108,7 @@ def test_commit_bisection_runs_two_probes_at_once_and_names_the_culprit(
     proc = repro(["bisect", "commits", "--repo", str(tmp_path / "repo"), "--good", shas[0], "--bad", "main",
                   "--build", BUILD, "--deploy", DEPLOY, "--out", str(out), *LOAD,
                   "--executor", "ray", "--ray-address", made.address, "--parallel", "2"], tmp_path / "log")
-    assert finish(proc, tmp_path / "log", 280) == 0, (tmp_path / "log").read_text()[-3000:]
+    assert finish(proc, tmp_path / "log") == 0, (tmp_path / "log").read_text()[-3000:]
     state = json.loads((out / "bisect.json").read_text())
     # The culprit the local executor names on the same repository (tests/test_bisect_commits.py).
     assert state["status"] == "found" and state["found"][0].startswith(f"2 {shas[2][:10]}")
@@ -96,8 +125,9 @@ def test_commit_bisection_runs_two_probes_at_once_and_names_the_culprit(
     assert nodes["node_b"] in (out / "report.md").read_text()
 
 
+@SEARCH_TIMEOUT
 def test_flag_bisection_probes_on_the_node_named_and_a_lost_probe_is_rerun_on_resume(
-    cluster: tuple[Cluster, dict[str, str]], tmp_path: Path
+    cluster: tuple[Cluster, dict[str, str]], repro: Commands, tmp_path: Path
 ) -> None:
     made, nodes = cluster
     mark = uuid.uuid4().hex
@@ -109,7 +139,7 @@ def test_flag_bisection_probes_on_the_node_named_and_a_lost_probe_is_rerun_on_re
             "--good-rate", "0.02", "--executor", "ray", "--ray-address", made.address]
     # No node has `nowhere`: the first probe is lost, and the search stops (exit 3) for --resume.
     lost = repro([*args, "--resources", '{"nowhere": 1}'], tmp_path / "lost.log")
-    assert finish(lost, tmp_path / "lost.log", 120) == 3, (tmp_path / "lost.log").read_text()[-3000:]
+    assert finish(lost, tmp_path / "lost.log") == 3, (tmp_path / "lost.log").read_text()[-3000:]
     state = json.loads((out / "bisect.json").read_text())
     (probe,) = state["probes"]
     assert state["status"] == "lost" and probe["verdict"] == "lost" and probe["node"] is None
@@ -117,7 +147,7 @@ def test_flag_bisection_probes_on_the_node_named_and_a_lost_probe_is_rerun_on_re
 
     # Resumed on node_b, two probes at once (half of node_b's resource each).
     resumed = repro([*args, "--resume", "--resources", '{"node_b": 0.5}', "--parallel", "2"], tmp_path / "resume.log")
-    assert finish(resumed, tmp_path / "resume.log", 280) == 0, (tmp_path / "resume.log").read_text()[-3000:]
+    assert finish(resumed, tmp_path / "resume.log") == 0, (tmp_path / "resume.log").read_text()[-3000:]
     state = json.loads((out / "bisect.json").read_text())
     # The set the local executor finds (tests/test_bisect_flags.py): HiCache and the bf16 index-K, together,
     # each alone probed at once with the other.
@@ -133,24 +163,7 @@ def test_flag_bisection_probes_on_the_node_named_and_a_lost_probe_is_rerun_on_re
     assert not marked_pids(mark)
 
 
-def test_sigint_cancels_the_probes_and_leaves_no_server(cluster: tuple[Cluster, dict[str, str]], tmp_path: Path) -> None:
-    made, _ = cluster
-    mark = uuid.uuid4().hex
-    out = tmp_path / "bisect"
-    # Slow sessions: the probes are still serving when the interrupt comes.
-    good = f"--time-scale 1 --index-k-dtype fp8 / REPRO_TEST_MARK={mark}"
-    bad = f"--time-scale 1 --enable-hierarchical-cache --tp 4 / REPRO_TEST_MARK={mark}"
-    proc = repro(["bisect", "flags", "--good", good, "--bad", bad, "--out", str(out), "--sessions", "8",
-                  "--executor", "ray", "--ray-address", made.address], tmp_path / "log")
-    code = interrupt_when(proc, lambda: len(marked_pids(mark)) >= 1, "the bad end's server to serve")
-    assert code == 130, (tmp_path / "log").read_text()[-3000:]
-    wait_for(lambda: not marked_pids(mark), 30, "every server the probes launched to end")
-    log = (tmp_path / "log").read_text()
-    assert "cancelling 1 Ray task(s)" in log and "repro: interrupted" in log and "Traceback" not in log
-    assert not (out / "probes.jsonl").exists()
-
-
-def test_sweep_on_a_node_finds_the_local_onset(cluster: tuple[Cluster, dict[str, str]], tmp_path: Path) -> None:
+def test_sweep_on_a_node_finds_the_local_onset(cluster: tuple[Cluster, dict[str, str]], repro: Commands, tmp_path: Path) -> None:
     made, nodes = cluster
     # A small device pool: more evictions and load-backs, so 16 at once corrupt a third or more of the
     # sessions, and one at a time none (the virtual clock's counts, the same on the node and here).
@@ -159,8 +172,8 @@ def test_sweep_on_a_node_finds_the_local_onset(cluster: tuple[Cluster, dict[str,
     on_ray = repro([*sweep, "--out", str(tmp_path / "ray"), "--executor", "ray", "--ray-address", made.address,
                     "--resources", '{"node_b": 1}'], tmp_path / "ray.log")
     local = repro([*sweep, "--out", str(tmp_path / "local")], tmp_path / "local.log")
-    assert finish(on_ray, tmp_path / "ray.log", 240) == 0, (tmp_path / "ray.log").read_text()[-3000:]
-    assert finish(local, tmp_path / "local.log", 240) == 0, (tmp_path / "local.log").read_text()[-3000:]
+    assert finish(on_ray, tmp_path / "ray.log") == 0, (tmp_path / "ray.log").read_text()[-3000:]
+    assert finish(local, tmp_path / "local.log") == 0, (tmp_path / "local.log").read_text()[-3000:]
     results = {name: json.loads((tmp_path / name / "sweep.json").read_text()) for name in ("ray", "local")}
     assert results["ray"]["onset"] == results["local"]["onset"] == 16
     assert results["ray"]["node"]["ray_node_id"] == nodes["node_b"] and "ray_node_id" not in results["local"]["node"]
@@ -177,7 +190,7 @@ def _pids_running_with(argument: str) -> set[int]:
     return pids_where("cmdline", lambda cmdline: argument.encode() in cmdline.split(b"\0"))
 
 
-def _slow_sweep_on_node_b(made: Cluster, seed: str, out: Path, log: Path) -> subprocess.Popen[bytes]:
+def _slow_sweep_on_node_b(repro: Commands, made: Cluster, seed: str, out: Path, log: Path) -> subprocess.Popen[bytes]:
     """A 3-level sweep pinned to node_b; its control level takes ~15 s (real-time sessions), the next two
     together about as long again."""
     return repro(["sweep", "--concurrency", "1,2,4", "--sessions", "4", "--out", str(out), "--executor", "ray",
@@ -196,42 +209,42 @@ def _control_level_kept(out: Path, node: str) -> None:
     assert not (out / "c002").exists() and not (out / "sweep.json").exists()
 
 
-def test_sweep_cut_short_keeps_the_levels_that_came_back(cluster: tuple[Cluster, dict[str, str]], tmp_path: Path) -> None:
+def test_sweep_cut_short_keeps_the_levels_that_came_back(cluster: tuple[Cluster, dict[str, str]], repro: Commands, tmp_path: Path) -> None:
     made, nodes = cluster
     seed = str(10**9 + uuid.uuid4().int % 10**9)  # this sweep's simulator, told apart by its command line
     out = tmp_path / "sweep"
-    proc = _slow_sweep_on_node_b(made, seed, out, tmp_path / "log")
+    proc = _slow_sweep_on_node_b(repro, made, seed, out, tmp_path / "log")
     code = interrupt_when(proc, lambda: _control_level_back(out), "the control level to come back")
     assert code == 130, (tmp_path / "log").read_text()[-3000:]
     log = (tmp_path / "log").read_text()
     assert f"sweep interrupted at concurrency 2; the finished levels' runs are kept in {out}" in log, log[-3000:]
     assert "cancelling 1 Ray task(s)" in log and "Traceback" not in log
     _control_level_kept(out, nodes["node_b"])
-    wait_for(lambda: not _pids_running_with(seed), 30, "the sweep's simulator to end")
+    wait_for(lambda: not _pids_running_with(seed), 120, "the sweep's simulator to end")
 
 
-def test_sweep_no_node_can_take_fails_in_one_line(cluster: tuple[Cluster, dict[str, str]], tmp_path: Path) -> None:
+def test_sweep_no_node_can_take_fails_in_one_line(cluster: tuple[Cluster, dict[str, str]], repro: Commands, tmp_path: Path) -> None:
     made, _ = cluster
     out = tmp_path / "sweep"
     proc = repro(["sweep", "--concurrency", "1,2", "--sessions", "2", "--out", str(out), "--executor", "ray",
                   "--ray-address", made.address, "--resources", '{"nowhere": 1}'], tmp_path / "log")
-    assert finish(proc, tmp_path / "log", 120) == 3
+    assert finish(proc, tmp_path / "log") == 3
     log = (tmp_path / "log").read_text()
     assert ("sweep stopped: no live node of the cluster has the resources asked for, for 10s; resources "
             "{'nowhere': 1.0}; no level had finished") in log, log[-3000:]
     assert "Traceback" not in log and not (out / "sweep.json").exists()
 
 
-def test_sweep_on_a_lost_node_keeps_the_levels_that_came_back(cluster: tuple[Cluster, dict[str, str]], tmp_path: Path) -> None:
+def test_sweep_on_a_lost_node_keeps_the_levels_that_came_back(cluster: tuple[Cluster, dict[str, str]], repro: Commands, tmp_path: Path) -> None:
     # Last in the module: it kills node_b.
     made, nodes = cluster
     seed = str(10**9 + uuid.uuid4().int % 10**9)
     out = tmp_path / "sweep"
-    proc = _slow_sweep_on_node_b(made, seed, out, tmp_path / "log")
+    proc = _slow_sweep_on_node_b(repro, made, seed, out, tmp_path / "log")
     code = lose_node_b(made, proc, lambda: _control_level_back(out), "the control level to come back", 120)
     assert code == 3, (tmp_path / "log").read_text()[-3000:]
     log = (tmp_path / "log").read_text()
     assert "sweep stopped: the Ray task ended before it finished (" in log, log[-3000:]
     assert f"the finished levels' runs are kept in {out}" in log and "Traceback" not in log
     _control_level_kept(out, nodes["node_b"])
-    wait_for(lambda: not _pids_running_with(seed), 30, "the sweep's simulator to end with its node")
+    wait_for(lambda: not _pids_running_with(seed), 120, "the sweep's simulator to end with its node")

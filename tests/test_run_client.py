@@ -35,8 +35,8 @@ def turn(
     *,
     stream: bool = True,
     history: int = 0,
-    turn_timeout: float = 10,
-    stall_timeout: float = 5,
+    turn_timeout: float = 120,
+    stall_timeout: float = 60,
     max_bytes: int = MAX_TURN_BYTES,
 ) -> TurnResult:
     messages: list[dict[str, Any]] = [{"role": "user", "content": "fix it"}]
@@ -107,7 +107,8 @@ def test_connection_refused_is_an_error() -> None:
 
 
 def test_stall_and_turn_timeout_are_told_apart(faulty: str) -> None:
-    stalled = turn(f"{faulty}/stall/v1/chat/completions", history=1, stall_timeout=0.5)
+    # The server sends one chunk and then nothing: a stall budget the first chunk meets at any load.
+    stalled = turn(f"{faulty}/stall/v1/chat/completions", history=1, stall_timeout=5)
     assert stalled.status == "stalled" and stalled.chunks == 1
     slow = turn(f"{faulty}/slow:0.2/v1/chat/completions", turn_timeout=0.5, stall_timeout=5)
     assert slow.status == "timeout" and slow.error == "turn exceeded 0.5s"
@@ -146,12 +147,12 @@ def test_headers_that_drip_forever_are_not_called_a_stall(faulty: str) -> None:
     result = turn(f"{faulty}/drip-headers/v1/chat/completions", stall_timeout=1)
     assert result.status == "error" and result.http_status is None
     assert result.error is not None and result.error.startswith("headers not complete after 1s")
-    silent = turn(f"{faulty}/stall/v1/chat/completions", history=1, stall_timeout=0.5)
-    assert silent.status == "stalled" and silent.error == "no bytes for 0.5s"
+    silent = turn(f"{faulty}/stall/v1/chat/completions", history=1, stall_timeout=5)
+    assert silent.status == "stalled" and silent.error == "no bytes for 5s"
 
 
 def test_an_endless_stream_of_comments_is_cut_at_the_byte_cap(faulty: str) -> None:
-    result = turn(f"{faulty}/comments/v1/chat/completions", max_bytes=300_000, turn_timeout=30)
+    result = turn(f"{faulty}/comments/v1/chat/completions", max_bytes=300_000)
     assert result.status == "error" and result.error == "response exceeded 300000 bytes; reading stopped there"
     assert result.truncated_at == len(result.raw) == 300_000 and result.raw.startswith(b": keep-alive")
 

@@ -121,7 +121,8 @@ def test_until_decided_against_a_baseline_fails_hicache_early(capsys: pytest.Cap
     # The baseline: a finished run with HiCache off, where the simulator never corrupts (60 clean sessions).
     off = make_run(tmp_path / "off", name="off", clean=60, options={"sessions": 60})
     code, stdout, err = run_main(capsys, "run", "--sessions", "180", "--concurrency", "60", "--until-decided",
-                                 "--baseline", str(off), "--timeout", "120", "--out", str(tmp_path / "on"))
+                                 "--baseline", str(off), "--timeout", "120", "--out", str(tmp_path / "on"),
+                                 "--sim-args", "--clock virtual")
     assert code == 1, stdout + err
     stop = load_run(tmp_path / "on").summary.stopping
     assert stop is not None and stop.decision == "fail" and stop.sessions < 180 and stop.baseline == "off"
@@ -170,7 +171,7 @@ def test_ctrl_c_once_decided_keeps_the_decision(tmp_path: Path) -> None:
         proc = subprocess.Popen(
             [sys.executable, "-c", "from repro.cli import main; main()", "run", "--sessions", "240",
              "--concurrency", "60", "--until-decided", "--max-corruption-rate", "0.02", "--timeout", "120",
-             "--out", str(out)],
+             "--out", str(out), "--sim-args", "--clock virtual"],
             stdout=sink, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
     try:

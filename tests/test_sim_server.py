@@ -231,7 +231,7 @@ def test_flush_refused_while_busy_and_a_dropped_stream_is_aborted(sim_server) ->
             refused = client.post("/flush_cache")
             assert refused.status_code == 400 and "error" in refused.json()
         # The client went away mid-answer: the engine must let go of the request.
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + 60
         while client.get("/v1/loads").json()["loads"][0]["num_reqs"] and time.monotonic() < deadline:
             time.sleep(0.05)
         assert client.get("/v1/loads").json()["loads"][0]["num_reqs"] == 0

@@ -181,9 +181,10 @@ async def drive(
             # The load is over: a Ctrl-C from here on only lets the saving finish.
             halting.over, halting.halt = True, None
         await anyio.lowlevel.checkpoint()
-        if rule is None and whole and halt.is_set():
+        if rule is None and whole and (halt.is_set() or interrupted):
             # The Ctrl-C came after the last session ended, before the load was marked over (a window a loaded
             # machine widens): it cut nothing short, so it is a late one, as if it had come a moment later.
+            # It reached `halt`, or run_load's own handler while its task groups closed after the last record.
             halting.late, interrupted = True, False
         # A Ctrl-C that came while the deciding look ran was too late to stop anything: the run is decided.
         interrupted = interrupted or (halt.is_set() and not decided and not halting.late)
