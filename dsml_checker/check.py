@@ -124,14 +124,13 @@ def _check_schema(parsed: dict[str, Any], text: str, field: str, schema: Any) ->
 
 def _check_calls(
     calls: Any, schemas: dict[str, Any] | None, texts: list[tuple[str, str]], encoded: list[bytes]
-) -> tuple[list[Finding], list[str], list[tuple[str, dict[str, Any] | None]]]:
-    """Findings over structured tool_calls, the names of the well-shaped calls, and (name, arguments object or
-    None) for each of those (turn_rules.call_list's answer, without decoding the arguments again); appends each
-    argument text to `texts` and its UTF-8 to `encoded`."""
+) -> tuple[list[Finding], list[tuple[str, dict[str, Any] | None]]]:
+    """Findings over structured tool_calls, and (name, arguments object or None) for each well-shaped call
+    (turn_rules.call_list's answer, without decoding the arguments again); appends each argument text to
+    `texts` and its UTF-8 to `encoded`."""
     if not isinstance(calls, list):
-        return [_whole("tool-call-shape", "tool_calls", repr(calls)[:80])], [], []
+        return [_whole("tool-call-shape", "tool_calls", repr(calls)[:80])], []
     findings: list[Finding] = []
-    names: list[str] = []
     parsed_calls: list[tuple[str, dict[str, Any] | None]] = []
     for i, call in enumerate(calls):
         fn = call.get("function") if isinstance(call, dict) else None
@@ -155,9 +154,8 @@ def _check_calls(
         if found:
             findings += found
         if named:
-            names.append(name)
             parsed_calls.append((name, parsed))
-    return findings, names, parsed_calls
+    return findings, parsed_calls
 
 
 def _tool_choice_name(tool_choice: Any) -> str | None:
@@ -169,7 +167,7 @@ def _tool_choice_name(tool_choice: Any) -> str | None:
 
 
 def _check_consistency(
-    *, names: list[str], n_calls: int, markup: bool, finish_reason: Any, tool_choice: Any
+    *, parsed_calls: list[tuple[str, dict[str, Any] | None]], n_calls: int, markup: bool, finish_reason: Any, tool_choice: Any
 ) -> list[Finding]:
     findings: list[Finding] = []
     reason = finish_reason if isinstance(finish_reason, str) else ""
@@ -185,7 +183,7 @@ def _check_consistency(
         rule = "tool-choice-none"
     elif (tool_choice == "required" or wanted is not None) and n_calls == 0:
         rule = "tool-choice-required"
-    elif wanted is not None and any(name != wanted for name in names):
+    elif wanted is not None and any(name != wanted for name, _ in parsed_calls):
         rule = "tool-choice-mismatch"
     if rule is not None:
         findings.append(_whole(rule, "tool_choice", json.dumps(tool_choice, default=str)))
@@ -233,10 +231,8 @@ def _judge(message: Any, finish_reason: Any, tools: Any, tool_choice: Any, raw: 
     encoded: list[bytes] = [content_utf8, reasoning_utf8]
     calls = message.get("tool_calls")
     parsed_calls: list[tuple[str, dict[str, Any] | None]] = []
-    if calls is None:
-        names: list[str] = []
-    else:
-        found, names, parsed_calls = _check_calls(calls, schemas, texts, encoded)
+    if calls is not None:
+        found, parsed_calls = _check_calls(calls, schemas, texts, encoded)
         if found:
             findings += found
     found = scan_soft(texts, encoded)
@@ -250,7 +246,7 @@ def _judge(message: Any, finish_reason: Any, tools: Any, tool_choice: Any, raw: 
     if markup or calls_missing or not (tool_choice is None or tool_choice == "auto"):
         # Otherwise no consistency rule can fire.
         findings += _check_consistency(
-            names=names, n_calls=n_calls, markup=markup, finish_reason=finish_reason, tool_choice=tool_choice
+            parsed_calls=parsed_calls, n_calls=n_calls, markup=markup, finish_reason=finish_reason, tool_choice=tool_choice
         )
     # Most turns are clean: one shared verdict spares building a new one (a Verdict is immutable).
     return Verdict.of(tuple(findings)) if findings else _CLEAN

@@ -93,8 +93,7 @@ _CHECKED = frozenset(
 
 
 _EXACT_TYPES: dict[str, tuple[type, ...]] = {
-    "string": (str,), "integer": (int,), "number": (int, float), "boolean": (bool,), "null": (type(None),),
-    "object": (dict,), "array": (list,),
+    **{name: (kind,) for name, kind in _PLAIN_TYPES.items()}, "integer": (int,), "number": (int, float),
 }
 
 

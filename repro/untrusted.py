@@ -67,15 +67,18 @@ def parse_json(data: str | bytes | bytearray) -> Any:
             raise NestingError(f"JSON nested deeper than {MAX_DEPTH} levels") from None
     # A short text cannot nest deeply, and the count of opening brackets (C-fast) bounds the depth:
     # the value is walked only past both bounds, so the streamed events of a turn cost next to nothing.
-    if len(data) > 2 * MAX_DEPTH and _openings(data) > MAX_DEPTH and json_depth(value) > MAX_DEPTH:
+    if may_nest_too_deep(data) and json_depth(value) > MAX_DEPTH:
         raise NestingError(f"JSON nested deeper than {MAX_DEPTH} levels")
     return value
 
 
-def _openings(data: str | bytes | bytearray) -> int:
+def may_nest_too_deep(data: str | bytes | bytearray) -> bool:
+    """Whether JSON text could nest past MAX_DEPTH: it is long enough and opens enough brackets (C-fast counts)."""
+    if len(data) <= 2 * MAX_DEPTH:
+        return False
     if isinstance(data, str):
-        return data.count("[") + data.count("{")
-    return data.count(b"[") + data.count(b"{")
+        return data.count("[") + data.count("{") > MAX_DEPTH
+    return data.count(b"[") + data.count(b"{") > MAX_DEPTH
 
 
 def json_depth(value: Any) -> int:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Sequence
 
 from repro.matrix.analysis import MOVED, CellRun, FactorChannels, MatrixAnalysis
-from repro.report.sidechannels import Channels, channels_of, compare_channels
+from repro.report.sidechannels import Channels, channel_tests, channels_of
 from repro.stats.sidechannels import describe, flag
 from repro.store.rundir import DamagedRun, read_sessions
 from repro.untrusted import printable
@@ -37,36 +37,33 @@ def pooled(parts: Sequence[Channels]) -> Channels:
     )
 
 
-def arm(root: Path, runs: Sequence[CellRun], factor: str, level: str, notes: list[str]) -> Channels:
-    """The channels of every finished run whose cell has `factor` at `level`; a run whose records cannot be
-    read back is left out, and `notes` says so (its counts still count in the corruption tests)."""
-    parts = []
-    for run in runs:
-        if run.status != "finished" or not run.run_dir or run.cell.get(factor) != level:
-            continue
-        path = root / run.run_dir
-        try:
-            parts.append(channels_of(read_sessions(path), path))
-        except DamagedRun as err:
-            note = f"side channels: {run.key} left out: {err}"
-            if note not in notes:
-                notes.append(note)
-    return pooled(parts)
-
-
 def add_side_channels(analysis: MatrixAnalysis, root: Path, runs: Sequence[CellRun]) -> MatrixAnalysis:
-    """Fill `analysis.side_channels`: one comparison per factor level against its baseline, as `factors` has."""
+    """Fill `analysis.side_channels`: one comparison per factor level against its baseline, as `factors` has.
+
+    Each finished run's records are read once (a run is in one arm of every factor); a run whose records
+    cannot be read back is left out, and the notes say so (its counts still count in the corruption tests)."""
+    read: dict[str, Channels | None] = {}
+    for run in runs:
+        if run.status != "finished" or not run.run_dir:
+            continue
+        path = Path(root) / run.run_dir
+        try:
+            read[run.key] = channels_of(read_sessions(path), path)
+        except DamagedRun as err:
+            read[run.key] = None
+            analysis.notes.append(f"side channels: {run.key} left out: {err}")
     arms: dict[tuple[str, str], Channels] = {}
 
     def arm_of(factor: str, level: str) -> Channels:
+        """The pooled channels of every run read whose cell has `factor` at `level`."""
         if (factor, level) not in arms:
-            arms[factor, level] = arm(Path(root), runs, factor, level, analysis.notes)
+            arms[factor, level] = pooled([channels for run in runs if run.cell.get(factor) == level
+                                          if (channels := read.get(run.key)) is not None])
         return arms[factor, level]
 
     found = [
         FactorChannels(effect.factor, effect.level, effect.baseline, effect.label, effect.verdict,
-                       compare_channels(arm_of(effect.factor, effect.level), arm_of(effect.factor, effect.baseline),
-                                        alpha=analysis.alpha))
+                       channel_tests(arm_of(effect.factor, effect.level), arm_of(effect.factor, effect.baseline)))
         for effect in analysis.factors
     ]
     # Holm once more over the whole family: every channel of every comparison.

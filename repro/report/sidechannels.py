@@ -63,7 +63,12 @@ def channels_of(sessions: Sequence[SessionRecord], run_dir: Path | None) -> Chan
 
 
 def compare_channels(one: Channels, two: Channels, *, alpha: float = 0.05) -> list[ChannelTest]:
-    """Every side channel of run one against run two, Holm-adjusted over those tested.
+    """Every side channel of run one against run two, Holm-adjusted over those tested."""
+    return flag(channel_tests(one, two), alpha=alpha)
+
+
+def channel_tests(one: Channels, two: Channels) -> list[ChannelTest]:
+    """Every side channel of run one against run two, unadjusted (a matrix adjusts over all its comparisons).
 
     Acceptance is compared only when both runs carry the same kind of metric; a run without it gives none.
     """
@@ -74,4 +79,4 @@ def compare_channels(one: Channels, two: Channels, *, alpha: float = 0.05) -> li
     elif one.accept_samples and two.accept_samples:
         tests.append(rank_shift(one.accept_samples, two.accept_samples, channel="speculative acceptance",
                                 unit="acceptance rate per scrape"))
-    return flag(tests, alpha=alpha)
+    return tests

@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 
-from repro.untrusted import MAX_DEPTH
+from repro.untrusted import may_nest_too_deep
 
 _ABSENT = msgspec.Raw()
 """A member that must be missing for the fast path (its bytes are kept, not parsed, when present)."""
@@ -48,7 +48,7 @@ _DECODER = msgspec.json.Decoder(Chunk)
 
 def decode(payload: bytes) -> Chunk | None:
     """The event as a `Chunk`, or None when the general path must read it (see the module docstring)."""
-    if len(payload) > 2 * MAX_DEPTH and payload.count(b"[") + payload.count(b"{") > MAX_DEPTH:
+    if may_nest_too_deep(payload):
         return None  # perhaps nested deeper than the harness accepts: parse_json's judgement
     try:
         chunk = _DECODER.decode(payload)

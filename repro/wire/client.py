@@ -120,12 +120,16 @@ class _Clock:
     def pause(self) -> None:
         self.paused_at = time.perf_counter()
 
-    def resume(self) -> None:
-        if self.paused_at is not None:
-            now = time.perf_counter()
-            self.held += now - self.paused_at
-            self.paused_at = None
-            self.last_bytes = now  # the silence while paused was the client's, not a gap in the stream
+    def resume(self) -> float:
+        """End a pause; the seconds it held (0.0 when not paused)."""
+        if self.paused_at is None:
+            return 0.0
+        now = time.perf_counter()
+        hold = now - self.paused_at
+        self.held += hold
+        self.paused_at = None
+        self.last_bytes = now  # the silence while paused was the client's, not a gap in the stream
+        return hold
 
     @property
     def origin(self) -> float:
@@ -406,10 +410,9 @@ class _Turn:
         self.transport = transport
 
     def _resume(self) -> None:
-        paused_at = self.clock.paused_at
-        self.clock.resume()
-        if paused_at is not None and self.budget is not None:
-            self.budget.deadline += time.perf_counter() - paused_at  # the hold is not the turn's time either
+        hold = self.clock.resume()
+        if self.budget is not None:
+            self.budget.deadline += hold  # the hold is not the turn's time either
         if self.transport is not None and not self.transport.is_closing():
             self.transport.resume_reading()
 

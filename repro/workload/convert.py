@@ -118,10 +118,11 @@ def convert(log: Path, out: Path) -> tuple[int, int]:
     partial = out.with_name(f".{out.name}.partial")
     try:
         with open(partial, "w", encoding="utf-8") as fh:
-            for call in _calls(log):
+            for number, text in stream_lines(log, f"trace convert {log}"):
                 again += 1
-                if call.line in continued:
-                    continue
+                if number in continued:
+                    continue  # most calls of an agent's log: skipped before parsing the line again
+                call = _read(text, str(log), number)
                 keys = _prefix_keys(call.whole)
                 for cut, key in _assistant_cuts(call, keys):
                     # The parent's answer is this history's assistant message: give it the parent's time.
