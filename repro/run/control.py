@@ -30,8 +30,7 @@ from repro.run.features import FEATURES_OFF, confirmed_off
 from repro.run.options import RunOptions
 from repro.run.runner import execute_run
 from repro.store.loops import CONTROL_JSON, ControlReport, compare, describe
-from repro.store.records import Manifest
-from repro.store.rundir import MANIFEST, dump_json, read_sessions
+from repro.store.rundir import dump_json, load_run, read_sessions
 
 CONCURRENCY_1 = "concurrency-1"
 REFERENCE = "reference"
@@ -126,15 +125,14 @@ def run_controls(options: RunOptions, result: RunResult, arms: list[ControlArm],
     for arm in arms:
         arm_options = control_options(options, run_dir, arm)
         say(console, f"control {arm.kind}: the same {options.sessions} sessions, {_where(arm)}")
-        done = execute_run(arm_options, console=console, live=False, report=False)
-        manifest = _mark(done.path, arm.kind)
-        comparison = compare(arm.kind, arm.directory, main, read_sessions(done.path), base_url=arm.base_url,
+        done = load_run(execute_run(arm_options, console=console, live=False, report=False, control=arm.kind).path)
+        comparison = compare(arm.kind, arm.directory, main, done.sessions, base_url=arm.base_url,
                              concurrency=arm_options.concurrency or arm_options.sessions)
         if arm.feature is not None:
             feature = FEATURES_OFF[arm.feature]
             comparison = comparison.model_copy(update={
                 "feature": arm.feature, "feature_label": feature.label, "flags": list(feature.flags),
-                "feature_off_confirmed": confirmed_off(feature, manifest.server_info)})
+                "feature_off_confirmed": confirmed_off(feature, done.manifest.server_info)})
         report.arms.append(comparison)
         dump_json(run_dir / CONTROL_JSON, report.model_dump(mode="json"))
     for comparison in report.arms:
@@ -150,10 +148,3 @@ def _where(arm: ControlArm) -> str:
         return f"{FEATURES_OFF[arm.feature].label} off ({' '.join(FEATURES_OFF[arm.feature].flags)})"
     return f"on {arm.base_url}"
 
-
-def _mark(path: Path, kind: str) -> Manifest:
-    """Say in the arm's own manifest that it is a control arm (a reader of that directory alone sees it)."""
-    file = path / MANIFEST
-    manifest = Manifest.model_validate_json(file.read_text(encoding="utf-8")).model_copy(update={"control": kind})
-    dump_json(file, manifest.model_dump(mode="json"))
-    return manifest

@@ -81,8 +81,9 @@ def versions() -> dict[str, str]:
 
 
 def manifest(options: RunOptions, name: str, run_id: str, loaded: LoadedScenario, target: Target,
-             observed: ProbeResult) -> Manifest:
-    """The run's manifest as the load starts (the end time and the workers' places come later)."""
+             observed: ProbeResult, *, control: str | None = None) -> Manifest:
+    """The run's manifest as the load starts (the end time and the workers' places come later); `control`
+    marks a control arm's own run, so a reader of that directory alone sees it."""
     return Manifest(
         name=name,
         run_id=run_id,
@@ -100,4 +101,5 @@ def manifest(options: RunOptions, name: str, run_id: str, loaded: LoadedScenario
         versions=versions(),
         node=where(),
         started_at=utc_now(),
+        control=control,
     )

@@ -33,11 +33,13 @@ from repro.workload.scenario import load_scenario
 
 
 def execute_run(
-    options: RunOptions, *, console: Console | None = None, live: bool = True, report: bool = True
+    options: RunOptions, *, console: Console | None = None, live: bool = True, report: bool = True,
+    control: str | None = None,
 ) -> RunResult:
     """Run the whole job; TargetError (exit 3) when the target is unreachable or serves no model.
 
     `report=False` skips `report.html` (a caller that renders reports itself, such as the matrix).
+    `control` names the control arm this run is (repro.run.control), in its manifest from the first write.
     """
     console = console or Console()
     # Everything a bad option or file can fail on is checked before anything is made.
@@ -72,7 +74,7 @@ def execute_run(
             config = dataclasses.replace(config, observe=observed.plan)
             for warning in observed.warnings:
                 say(console, writer.scrub_text(warning))  # a probe's error may quote a server that echoed the key
-            start.write_manifest(manifest(options, name, run_dir.name, loaded, target, observed))
+            start.write_manifest(manifest(options, name, run_dir.name, loaded, target, observed, control=control))
             if threading.current_thread() is threading.main_thread():
                 # From its first session to the end of its saving, a run takes a Ctrl-C itself: one that comes
                 # after the last session lets summary.json and report.html be written first.
