@@ -47,7 +47,7 @@ def test_loop_signals_are_their_own_class_and_a_control_attributes_each_failing_
             _session(1, [_turn(0, verdict="corrupt"), _turn(1)])]
     control = [_session(0, [_turn(0), _turn(1), _turn(2, tokens=100), looping]),
                _session(1, [_turn(0, verdict="corrupt")])]
-    got = compare("concurrency-1", "control-concurrency-1", main, control)
+    got = compare("concurrency-1", "control-concurrency-1", main, control, control_loops=count_loops(control))
     # Session 0: turn 1 corrupt only under load; turn 2 inflated 9x over its control (a loop signal, load
     # only); turn 3 loops in the control too. Session 1: turn 0 corrupt in the control too.
     assert (got.corrupt.load_only, got.corrupt.in_control_too, got.corrupt.unpaired) == (1, 1, 0)

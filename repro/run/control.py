@@ -125,9 +125,11 @@ def run_controls(options: RunOptions, result: RunResult, arms: list[ControlArm],
     for arm in arms:
         arm_options = control_options(options, run_dir, arm)
         say(console, f"control {arm.kind}: the same {options.sessions} sessions, {_where(arm)}")
-        done = load_run(execute_run(arm_options, console=console, live=False, report=False, control=arm.kind).path)
-        comparison = compare(arm.kind, arm.directory, main, done.sessions, base_url=arm.base_url,
-                             concurrency=arm_options.concurrency or arm_options.sessions)
+        ran = execute_run(arm_options, console=console, live=False, report=False, control=arm.kind)
+        assert ran.summary.loops is not None  # a run's summary always counts its loop signals
+        done = load_run(ran.path)
+        comparison = compare(arm.kind, arm.directory, main, done.sessions, control_loops=ran.summary.loops,
+                             base_url=arm.base_url, concurrency=arm_options.concurrency or arm_options.sessions)
         if arm.feature is not None:
             feature = FEATURES_OFF[arm.feature]
             comparison = comparison.model_copy(update={

@@ -62,15 +62,22 @@ def turns_by_key(sessions: Sequence[SessionRecord]) -> dict[TurnKey, TurnRecord]
     return {(s.session_id, t.index): t for s in sessions for t in s.turns}
 
 
-def count_loops(sessions: Sequence[SessionRecord], control: dict[TurnKey, TurnRecord] | None = None) -> LoopCounts:
-    """Loop signals over a run's turns; `inflation` only against a control's turns."""
-    counts = LoopCounts(by_signal={s: 0 for s in LOOP_SIGNALS if control is not None or s != "inflation"})
-    for key, turn in turns_by_key(sessions).items():
-        signals = loop_signals(turn, None if control is None else control.get(key))
-        for signal in signals:
-            counts.by_signal[signal] += 1
-        counts.turns += bool(signals)
+def count_loops(sessions: Sequence[SessionRecord]) -> LoopCounts:
+    """Loop signals over a run's own turns (no `inflation`: that needs a control's turns)."""
+    counts = _no_loops(with_inflation=False)
+    for turn in turns_by_key(sessions).values():
+        _count(counts, own_signals(turn))
     return counts
+
+
+def _no_loops(*, with_inflation: bool) -> LoopCounts:
+    return LoopCounts(by_signal={s: 0 for s in LOOP_SIGNALS if with_inflation or s != "inflation"})
+
+
+def _count(counts: LoopCounts, signals: list[LoopSignal]) -> None:
+    for signal in signals:
+        counts.by_signal[signal] += 1
+    counts.turns += bool(signals)
 
 
 def loop_signals(turn: TurnRecord, control: TurnRecord | None) -> list[LoopSignal]:
@@ -145,20 +152,23 @@ def _fails(turn: TurnRecord | None) -> bool:
 
 
 def compare(arm: str, path: str, main: Sequence[SessionRecord], control: Sequence[SessionRecord], *,
-            base_url: str | None = None, concurrency: int | None = None) -> ArmComparison:
-    """The run under test's failing turns attributed by the control arm's same turns."""
+            control_loops: LoopCounts, base_url: str | None = None, concurrency: int | None = None) -> ArmComparison:
+    """The run under test's failing turns attributed by the control arm's same turns; `control_loops` is
+    the arm's own loop signals (count_loops of `control`, as the arm's summary.json holds them)."""
     theirs = {k: t for k, t in turns_by_key(control).items() if t.status == "ok"}
     result = ArmComparison(arm=arm, path=path, base_url=base_url, concurrency=concurrency, sessions=len(control),
-                           loop_counts=count_loops(main, theirs), control_loop_counts=count_loops(control),
+                           loop_counts=_no_loops(with_inflation=True), control_loop_counts=control_loops,
                            control_corrupt_turns=sum(t.verdict == "corrupt" for t in theirs.values()))
     for key, turn in turns_by_key(main).items():
+        other = theirs.get(key)
+        signals = loop_signals(turn, other)
+        _count(result.loop_counts, signals)  # every turn's, as count_loops counts them; attributed: answered ones
         if turn.status != "ok":
             continue
-        other = theirs.get(key)
         result.paired_turns += other is not None
         if turn.verdict == "corrupt":
             tally = result.corrupt
-        elif loop_signals(turn, other):
+        elif signals:
             tally = result.loops
         else:
             continue
