@@ -20,7 +20,8 @@ from repro.errors import EXIT_INTERNAL, InternalError
 from repro.matrix.analysis import MatrixAnalysis
 from repro.matrix.cell import CELLS
 from repro.matrix.runner import MatrixRunner, run_matrix
-from repro.matrix.spec import MatrixSpec
+from repro.matrix.fingerprint import workload_sha256
+from repro.matrix.spec import MatrixSpec, read_spec
 from repro.store.records import RateEstimate, Summary
 
 SEPARABLE = {
@@ -159,9 +160,9 @@ def finished_matrix(tmp_path: Path) -> tuple[Path, Path]:
     spec = make_spec(FACTORS)
     spec_path = tmp_path / "spec.yaml"
     spec_path.write_text(yaml.safe_dump(spec.model_dump(mode="json", exclude_none=True), sort_keys=False), encoding="utf-8")
-    spec = matrix_runner.load_spec(spec_path, None)
+    source = read_spec(spec_path)
     out = tmp_path / "matrix"
-    runner = MatrixRunner(spec, spec_path.read_text(encoding="utf-8"), out)
+    runner = MatrixRunner(source, out, workload_sha256=workload_sha256(source.spec))
     for run in runner.runs:
         run_dir = out / CELLS / run.key
         run_dir.mkdir(parents=True)

@@ -13,7 +13,7 @@ import pytest
 from repro.errors import UsageError
 from repro.matrix.dryrun import dry_run
 from repro.matrix.preflight import preflight
-from repro.matrix.spec import load_spec
+from repro.matrix.spec import load_spec, read_spec
 from repro.procs.containers import LABEL, in_containers, labelled
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -74,7 +74,7 @@ def test_a_workload_that_does_not_load_is_refused_before_anything_starts(tmp_pat
     (tmp_path / "bad.yaml").write_text("name: [unclosed\n", encoding="utf-8")
     path = write(tmp_path, SPEC + "  workload: bad.yaml\n")
     with pytest.raises(UsageError) as info:
-        preflight(load_spec(path), path)
+        preflight(read_spec(path))
     assert str(info.value).startswith(f"{path}:15: load.workload: ")
 
 
@@ -82,8 +82,8 @@ def test_a_program_not_on_path_is_refused_with_its_spec_line(tmp_path: Path) -> 
     (tmp_path / "prompts.txt").write_text("x", encoding="utf-8")
     path = write(tmp_path, SPEC.replace("${python} -m repro.sim serve", "no-such-server-binary"))
     with pytest.raises(UsageError, match=r"m\.yaml:10: deployment: server: 'no-such-server-binary' is not found on PATH"):
-        preflight(load_spec(path), path)
-    preflight(load_spec(path), path, programs=False)  # cells placed on other nodes: their PATH, not ours
+        preflight(read_spec(path))
+    preflight(read_spec(path), programs=False)  # cells placed on other nodes: their PATH, not ours
 
 
 def test_a_cell_whose_levels_select_two_deployments_is_refused_before_launch(tmp_path: Path) -> None:
@@ -104,18 +104,18 @@ def test_a_cell_whose_levels_select_two_deployments_is_refused_before_launch(tmp
     """
     path = write(tmp_path, text)
     with pytest.raises(UsageError, match=r"m\.yaml:12: cell a-x_b-x: levels select different deployments"):
-        preflight(load_spec(path), path)
+        preflight(read_spec(path))
 
 
 def test_the_sequential_page_example_works_from_the_repository_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # docs/sequential.md: the shipped simulator matrix with `sequential: true`, saved at the repository root.
     text = (ROOT / "matrices" / "sim_hicache_bf16.yaml").read_text(encoding="utf-8")
-    copy = write(tmp_path, text.replace("  min_completed: 40\n", "  min_completed: 40\n  sequential: true\n"),
-                 name="sim_sequential.yaml")
+    write(tmp_path, text.replace("  min_completed: 40\n", "  min_completed: 40\n  sequential: true\n"),
+          name="sim_sequential.yaml")
     monkeypatch.chdir(tmp_path)
-    spec = load_spec(Path("sim_sequential.yaml"))
-    preflight(spec, copy)
-    assert spec.design.sequential
+    source = read_spec(Path("sim_sequential.yaml"))
+    preflight(source)
+    assert source.spec.design.sequential
 
 
 def test_docker_run_is_labelled_and_nothing_else_is() -> None:

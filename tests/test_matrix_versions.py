@@ -19,7 +19,8 @@ from run_builders import run_main
 from repro.errors import UsageError
 from repro.matrix.design import plan
 from repro.matrix.runner import MatrixRunner
-from repro.matrix.spec import load_spec
+from repro.matrix.fingerprint import workload_sha256
+from repro.matrix.spec import load_spec, read_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -46,7 +47,8 @@ def _workload(tmp_path: Path) -> Path:
 
 
 def _start(spec_path: Path, out: Path, *, resume: bool) -> MatrixRunner:
-    return MatrixRunner(load_spec(spec_path), spec_path.read_text(encoding="utf-8"), out, resume=resume,
+    source = read_spec(spec_path)
+    return MatrixRunner(source, out, workload_sha256=workload_sha256(source.spec), resume=resume,
                         keep_going=False, cell_reports=False, console=Console(quiet=True), executor="local",
                         ray_address=None)
 

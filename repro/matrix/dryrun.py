@@ -23,7 +23,7 @@ from repro.matrix.design import PlannedRun, plan
 from repro.matrix.fingerprint import resume_refusal
 from repro.matrix.preflight import check_cells, missing_programs
 from repro.matrix.runner import PLAN, finished_summary
-from repro.matrix.spec import AUTO, MatrixSpec, load_spec
+from repro.matrix.spec import AUTO, MatrixSpec, read_spec
 from repro.procs.containers import labelled
 from repro.store.paths import default_dir
 
@@ -68,7 +68,8 @@ def _secrets(spec: MatrixSpec, launches: list[LaunchPlan]) -> list[str]:
     return found
 
 
-def _resume_states(spec: MatrixSpec, runs: list[PlannedRun], path: Path, resume: bool) -> dict[str, str]:
+def _resume_states(spec: MatrixSpec, runs: list[PlannedRun], path: Path, resume: bool,
+                   workload: str) -> dict[str, str]:
     """What `--resume` would do with each run (or, without it, why nothing is skipped)."""
     if not resume:
         if path.exists() and (not path.is_dir() or any(path.iterdir())):
@@ -76,7 +77,7 @@ def _resume_states(spec: MatrixSpec, runs: list[PlannedRun], path: Path, resume:
         return {run.key: "run (a new matrix directory: nothing to skip)" for run in runs}
     if not (path / PLAN).exists():
         raise UsageError(f"--resume {path}: not a matrix directory (no {PLAN})")
-    refusal = resume_refusal(read_json_object(path / PLAN, f"--resume {path}"), spec, str(path))
+    refusal = resume_refusal(read_json_object(path / PLAN, f"--resume {path}"), spec, workload, str(path))
     if refusal is not None:
         raise UsageError(refusal)
     states = {}
@@ -179,20 +180,21 @@ def dry_run(
     stream = stream or sys.stdout
     if resume and out is None:
         raise UsageError("--resume needs --out: the matrix directory to continue")
-    spec = load_spec(spec_path, variables)
-    check_cells(spec, Path(spec_path))  # the same faults the real run refuses, first
+    source = read_spec(spec_path, variables)
+    spec = source.spec
+    checked = check_cells(source)  # the same faults the real run refuses, first
     path = out or default_dir("matrix", spec.name)
     runs = plan(spec)
     launches = {run.key: resolve(spec, run, log_dir=path / LOGS / run.key) for run in runs}
     mask = _Masker(_secrets(spec, list(launches.values())))
-    states = _resume_states(spec, runs, path, resume)
+    states = _resume_states(spec, runs, path, resume, checked.workload_sha256)
     auto_ports = AUTO in spec.variables.values()
     lines = _header(spec, runs, path, executor, mask)
     for run in runs:
         lines.append("")
         lines += _run_lines(spec, run, len(runs), launches[run.key], states[run.key], mask, auto_ports, executor)
     # Under Ray the commands run on other nodes: this machine's PATH says nothing about theirs.
-    missing = missing_programs(spec, Path(spec_path), launches) if executor == "local" else []
+    missing = missing_programs(source, launches) if executor == "local" else []
     if missing:
         lines.append("")
         lines += [f"would fail here: {line}" for line in missing]

@@ -32,15 +32,15 @@ def fingerprint(spec: MatrixSpec, workload: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def plan_fields(spec: MatrixSpec) -> dict[str, str]:
-    """The plan's identity fields for a matrix started now."""
-    workload = workload_sha256(spec)
+def plan_fields(spec: MatrixSpec, workload: str) -> dict[str, str]:
+    """The plan's identity fields for a matrix started now; `workload` is its workload_sha256."""
     return {"fingerprint": fingerprint(spec, workload), "workload_sha256": workload, "repro_version": __version__}
 
 
-def resume_refusal(recorded: dict[str, Any], spec: MatrixSpec, path: str) -> str | None:
-    """Why the matrix recorded in `recorded` (its plan.json) cannot be resumed with `spec`; None when it can."""
-    now = plan_fields(spec)
+def resume_refusal(recorded: dict[str, Any], spec: MatrixSpec, workload: str, path: str) -> str | None:
+    """Why the matrix recorded in `recorded` (its plan.json) cannot be resumed with `spec` and the workload
+    whose workload_sha256 is `workload`; None when it can."""
+    now = plan_fields(spec, workload)
     if recorded.get("fingerprint") == now["fingerprint"]:
         return None
     version = recorded.get("repro_version")

@@ -44,7 +44,7 @@ from repro.matrix.plan import Plan, PlannedEntry
 from repro.matrix.preflight import preflight
 from repro.matrix.report import write_reports
 from repro.matrix.sidechannels import add_side_channels, summary_lines
-from repro.matrix.spec import MatrixSpec, load_spec
+from repro.matrix.spec import SpecFile, read_spec
 from repro.cluster.rayutil import Executor, check_executor
 from repro.store.records import Summary
 from repro.store.paths import default_dir
@@ -116,10 +116,10 @@ class MatrixRunner:
 
     def __init__(
         self,
-        spec: MatrixSpec,
-        spec_text: str,
+        source: SpecFile,
         path: Path,
         *,
+        workload_sha256: str,
         resume: bool = False,
         keep_going: bool = False,
         cell_reports: bool = True,
@@ -127,6 +127,7 @@ class MatrixRunner:
         executor: Executor = "local",
         ray_address: str | None = None,
     ) -> None:
+        spec = source.spec
         problems = spec.problems()
         if problems:
             loc, message = problems[0]
@@ -142,7 +143,9 @@ class MatrixRunner:
         self.cell_order = [c.as_dict() for c in cells(spec)]
         self.records: dict[str, CellRun] = {}
         self.looks: list[sequential.RoundLook] = []
-        self._prepare(spec_text, resume)
+        self.workload_sha256 = workload_sha256
+        """The workload's sha256, as preflight hashed it (repro.matrix.fingerprint)."""
+        self._prepare(source.text, resume)
 
     def _prepare(self, spec_text: str, resume: bool) -> None:
         plan_file = self.path / PLAN
@@ -150,7 +153,7 @@ class MatrixRunner:
             if not plan_file.exists():
                 raise UsageError(f"--resume {self.path}: not a matrix directory (no {PLAN})")
             recorded = read_json_object(plan_file, f"--resume {self.path}")
-            refusal = resume_refusal(recorded, self.spec, str(self.path))
+            refusal = resume_refusal(recorded, self.spec, self.workload_sha256, str(self.path))
             if refusal is not None:
                 raise UsageError(refusal)
             self.records = _read_progress(self.path / PROGRESS)
@@ -160,7 +163,7 @@ class MatrixRunner:
         (self.path / CELLS).mkdir(parents=True, exist_ok=True)
         (self.path / SPEC_COPY).write_text(spec_text, encoding="utf-8")
         runs = [PlannedEntry(key=r.key, cell=r.cell.as_dict(), replicate=r.replicate, order=r.order) for r in self.runs]
-        plan_record = Plan(name=self.spec.name, variables=self.spec.variables, runs=runs, **plan_fields(self.spec))
+        plan_record = Plan(name=self.spec.name, variables=self.spec.variables, runs=runs, **plan_fields(self.spec, self.workload_sha256))
         dump_json(plan_file, plan_record.model_dump(mode="json"))
 
     def _finished(self, run: PlannedRun) -> CellRun | None:
@@ -316,14 +319,15 @@ def run_matrix(
         require_ray(ray_address)  # before the matrix directory is made
     if resume and out is None:
         raise UsageError("--resume needs --out: the matrix directory to continue")
-    spec = load_spec(spec_path, variables)
-    preflight(spec, Path(spec_path), programs=executor == "local")  # every cell, before a directory or a server
+    source = read_spec(spec_path, variables)
+    spec = source.spec
+    workload = preflight(source, programs=executor == "local")  # every cell, before a directory or a server
     console = console or Console(stderr=True, highlight=False)
     path = out or default_dir("matrix", spec.name)
     runner = MatrixRunner(
-        spec,
-        Path(spec_path).read_text(encoding="utf-8"),
+        source,
         path,
+        workload_sha256=workload,
         resume=resume,
         keep_going=keep_going,
         cell_reports=cell_reports,

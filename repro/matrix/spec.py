@@ -12,6 +12,7 @@ import math
 import re
 import shlex
 import string
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -478,9 +479,29 @@ def parse_assignments(items: list[str]) -> dict[str, str]:
     return result
 
 
+@dataclass(frozen=True)
+class SpecFile:
+    """A matrix spec as read from its file: the validated spec, and the text and line of every field it came
+    from, read once for every later check that names a spec line (repro.matrix.preflight)."""
+
+    spec: MatrixSpec
+    source: Path
+    text: str
+    lines: dict[tuple, int]
+
+    def line(self, loc: tuple) -> str:
+        """`spec.yaml:LINE` of the field at `loc`, or of its nearest parent the file has."""
+        return spec_line(self.source, self.lines, loc)
+
+
 def load_spec(path: Path | str, overrides: dict[str, str] | None = None, *, files: bool = True) -> MatrixSpec:
     """Read and validate a matrix spec; `overrides` replace declared variables (from `--var`). `files`: refuse
     a workload or a relative path that does not exist (not for a spec read back only to analyse its cells)."""
+    return read_spec(path, overrides, files=files).spec
+
+
+def read_spec(path: Path | str, overrides: dict[str, str] | None = None, *, files: bool = True) -> SpecFile:
+    """load_spec, keeping the spec's text and lines for the checks that follow."""
     source = Path(path)
     try:
         text = source.read_text(encoding="utf-8")
@@ -509,7 +530,7 @@ def load_spec(path: Path | str, overrides: dict[str, str] | None = None, *, file
                 f"--var {unknown[0]}: not a variable of {source} (declared: {', '.join(spec.variables) or 'none'})"
             )
         spec = spec.model_copy(update={"variables": {**spec.variables, **overrides}})
-    return spec
+    return SpecFile(spec=spec, source=source, text=text, lines=lines)
 
 
 def is_relative_path(value: str) -> bool:
