@@ -16,13 +16,11 @@ from pathlib import Path
 from typing import TextIO
 
 from repro.errors import EXIT_OK, UsageError
-from repro.jsonl import read_json_object
 from repro.matrix.cell import CELLS, LOGS
 from repro.matrix.deploy import LaunchPlan, ProcessLaunch, resolve
 from repro.matrix.design import PlannedRun, plan
-from repro.matrix.fingerprint import resume_refusal
 from repro.matrix.preflight import check_cells, missing_programs
-from repro.matrix.runner import PLAN, finished_summary
+from repro.matrix.runner import check_directory, finished_summary
 from repro.matrix.spec import AUTO, MatrixSpec, read_spec
 from repro.procs.containers import labelled
 from repro.store.paths import default_dir
@@ -70,16 +68,11 @@ def _secrets(spec: MatrixSpec, launches: list[LaunchPlan]) -> list[str]:
 
 def _resume_states(spec: MatrixSpec, runs: list[PlannedRun], path: Path, resume: bool,
                    workload: str) -> dict[str, str]:
-    """What `--resume` would do with each run (or, without it, why nothing is skipped)."""
+    """What `--resume` would do with each run (or, without it, why nothing is skipped); UsageError where the
+    real run would refuse the directory."""
+    check_directory(spec, path, resume=resume, workload=workload)
     if not resume:
-        if path.exists() and (not path.is_dir() or any(path.iterdir())):
-            raise UsageError(f"--out {path}: exists and is not empty; choose a new path or pass --resume")
         return {run.key: "run (a new matrix directory: nothing to skip)" for run in runs}
-    if not (path / PLAN).exists():
-        raise UsageError(f"--resume {path}: not a matrix directory (no {PLAN})")
-    refusal = resume_refusal(read_json_object(path / PLAN, f"--resume {path}"), spec, workload, str(path))
-    if refusal is not None:
-        raise UsageError(refusal)
     states = {}
     for run in runs:
         run_dir = path / CELLS / run.key

@@ -44,7 +44,7 @@ from repro.matrix.plan import Plan, PlannedEntry
 from repro.matrix.preflight import preflight
 from repro.matrix.report import write_reports
 from repro.matrix.sidechannels import add_side_channels, summary_lines
-from repro.matrix.spec import SpecFile, read_spec
+from repro.matrix.spec import MatrixSpec, SpecFile, read_spec
 from repro.cluster.rayutil import Executor, check_executor
 from repro.store.records import Summary
 from repro.store.paths import default_dir
@@ -81,6 +81,20 @@ def finished_summary(run_dir: Path) -> Summary | None:
     except ValueError:
         return None
     return None if summary.interrupted else summary
+
+
+def check_directory(spec: MatrixSpec, path: Path, *, resume: bool, workload: str) -> None:
+    """UsageError unless `path` can hold this matrix: without `resume` a new or empty directory, with it one
+    whose plan.json this spec and workload (its sha256) may continue. The runner and --dry-run both ask."""
+    if not resume:
+        if path.exists() and (not path.is_dir() or any(path.iterdir())):
+            raise UsageError(f"--out {path}: exists and is not empty; choose a new path or pass --resume")
+        return
+    if not (path / PLAN).exists():
+        raise UsageError(f"--resume {path}: not a matrix directory (no {PLAN})")
+    refusal = resume_refusal(read_json_object(path / PLAN, f"--resume {path}"), spec, workload, str(path))
+    if refusal is not None:
+        raise UsageError(refusal)
 
 
 def _read_progress(path: Path) -> dict[str, CellRun]:
@@ -148,23 +162,15 @@ class MatrixRunner:
         self._prepare(source.text, resume)
 
     def _prepare(self, spec_text: str, resume: bool) -> None:
-        plan_file = self.path / PLAN
+        check_directory(self.spec, self.path, resume=resume, workload=self.workload_sha256)
         if resume:
-            if not plan_file.exists():
-                raise UsageError(f"--resume {self.path}: not a matrix directory (no {PLAN})")
-            recorded = read_json_object(plan_file, f"--resume {self.path}")
-            refusal = resume_refusal(recorded, self.spec, self.workload_sha256, str(self.path))
-            if refusal is not None:
-                raise UsageError(refusal)
             self.records = _read_progress(self.path / PROGRESS)
             return
-        if self.path.exists() and (not self.path.is_dir() or any(self.path.iterdir())):
-            raise UsageError(f"--out {self.path}: exists and is not empty; choose a new path or pass --resume")
         (self.path / CELLS).mkdir(parents=True, exist_ok=True)
         (self.path / SPEC_COPY).write_text(spec_text, encoding="utf-8")
         runs = [PlannedEntry(key=r.key, cell=r.cell.as_dict(), replicate=r.replicate, order=r.order) for r in self.runs]
         plan_record = Plan(name=self.spec.name, variables=self.spec.variables, runs=runs, **plan_fields(self.spec, self.workload_sha256))
-        dump_json(plan_file, plan_record.model_dump(mode="json"))
+        dump_json(self.path / PLAN, plan_record.model_dump(mode="json"))
 
     def _finished(self, run: PlannedRun) -> CellRun | None:
         run_dir = self.path / CELLS / run.key
