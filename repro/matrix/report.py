@@ -20,7 +20,7 @@ from repro.report.junit import add_properties, junit_xml, xml_text
 from repro.report.markdown import md_escape
 from repro.report.model import fmt_pct, fmt_points, fmt_range
 from repro.report.plots import Plot, encode_figure, label_inches, subplots
-from repro.stats.sidechannels import ChannelTest
+from repro.stats.sidechannels import ChannelTest, finding
 
 HTML = "report.html"
 MARKDOWN = "report.md"
@@ -225,11 +225,7 @@ def render_html(analysis: MatrixAnalysis, factors: list[str], runs: list[CellRun
 
 def channel_finding(comparison: FactorChannels, test: ChannelTest) -> str:
     """One channel's finding in a word or three."""
-    if test.pvalue is None:
-        return f"not tested ({test.note})"
-    if not test.shifted:
-        return "no shift shown"
-    return "SHIFTED: silent regression?" if test.channel in comparison.silent else "SHIFTED"
+    return finding(test, silent=test.channel in comparison.silent)
 
 
 def render_markdown(analysis: MatrixAnalysis, factors: list[str], runs: list[CellRun] | None = None) -> str:

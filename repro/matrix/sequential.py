@@ -51,11 +51,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from repro.matrix.analysis import TOGETHER, CellRun, Effect, MatrixAnalysis, analyse, cell_counts
+from repro.matrix.analysis import MOVED, TOGETHER, CellRun, Effect, MatrixAnalysis, analyse, cell_counts
 from repro.matrix.design import Cell, PlannedRun
 from repro.matrix.spec import MatrixSpec
 
-DECIDED = ("causes", "widens", "reduces", "practically equivalent")
+DECIDED = (*MOVED, "practically equivalent")
+"""Verdicts that need no further round (see undecided): the factor moved the rate, or is practically equivalent."""
 METHOD = "Bonferroni over the rounds' looks (alpha / K each), {correction} across the factors within a look"
 
 

@@ -84,6 +84,5 @@ def summary_lines(analysis: MatrixAnalysis) -> list[str]:
         return [f"side channels: no shift shown ({tested} channel tests over {len(analysis.side_channels)} "
                 f"comparisons, Holm-adjusted)"] if analysis.side_channels else []
     # A finish_reason is the server's text: no control character of it reaches the terminal.
-    return [printable(f"side channels: {comparison.label}: "
-                      f"{'silent regression? ' if test.channel in comparison.silent else ''}{describe(test)}")
+    return [printable(f"side channels: {comparison.label}: {describe(test, silent=test.channel in comparison.silent)}")
             for comparison, test in shifted]

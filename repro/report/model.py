@@ -241,7 +241,7 @@ class ComparisonRow:
         from repro.stats.sidechannels import describe
 
         silent = self.silent_shifts
-        return [("silent regression? " if test in silent else "") + describe(test) for test in self.side]
+        return [describe(test, silent=test in silent) for test in self.side]
 
     @property
     def silent_shifts(self) -> list[ChannelTest]:

@@ -23,6 +23,8 @@ from repro.stats.intervals import check_level
 from repro.stats.multiplicity import holm
 
 MC_RESAMPLES = 9999
+SILENT = "silent regression?"
+"""The name of a channel that shifted while the corruption verdict did not move: a lead, never a verdict."""
 
 
 @dataclass(frozen=True)
@@ -113,11 +115,20 @@ def flag(tests: Sequence[ChannelTest], *, alpha: float = 0.05) -> list[ChannelTe
     return out
 
 
-def describe(test: ChannelTest) -> str:
-    """One channel in one line: what each arm showed and the test's answer."""
-    facts = f"{test.channel}: {test.arm1} vs {test.arm2}"
+def finding(test: ChannelTest, *, silent: bool = False) -> str:
+    """One channel's finding in a word or three; `silent`: it shifted while the corruption verdict did not
+    move, named SILENT."""
     if test.pvalue is None:
-        return f"{facts}: not tested ({test.note})"
+        return f"not tested ({test.note})"
+    if not test.shifted:
+        return "no shift shown"
+    return f"SHIFTED: {SILENT}" if silent else "SHIFTED"
+
+
+def describe(test: ChannelTest, *, silent: bool = False) -> str:
+    """One channel in one line: what each arm showed and the test's answer, led by SILENT when `silent`."""
+    facts = f"{SILENT + ' ' if silent else ''}{test.channel}: {test.arm1} vs {test.arm2}"
+    if test.pvalue is None:
+        return f"{facts}: {finding(test)}"
     p = test.p_adjusted if test.p_adjusted is not None else test.pvalue
-    word = "SHIFTED" if test.shifted else "no shift shown"
-    return f"{facts}: {word} ({test.test}, Holm p={p:.2g})"
+    return f"{facts}: {finding(test)} ({test.test}, Holm p={p:.2g})"
