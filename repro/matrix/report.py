@@ -164,7 +164,7 @@ tests take from that cell alone (its timeouts).</p>
 <td>{{ cdiff(c) }}<br><small>all: {{ diff(e) }}</small></td>
 {% elif e.factor not in a.baseline %}<td>—</td><td>—</td><td>{{ diff(e) }}</td>{# an interaction: a regression term, no arms #}
 {% else %}<td>{{ e.treated.k }}/{{ e.treated.n }}</td><td>{{ e.reference.k }}/{{ e.reference.n }}</td><td>{{ diff(e) }}</td>{% endif %}
-<td>{{ log_odds(e) }}{% if at_baselines(e) %}<br><small>{{ at_baselines(e) }}</small>{% endif %}</td>
+{% set at = at_baselines(e) %}<td>{{ log_odds(e) }}{% if at %}<br><small>{{ at }}</small>{% endif %}</td>
 <td>{{ p(c.p if c else e.p) }}</td><td>{{ p(c.p_adjusted if c else e.p_adjusted) }}</td><td class="l">{{ e.test }}</td>
 <td>{{ "%.2f" % e.power if e.power is not none else "—" }}</td><td class="l">{{ e.reasons | join("; ") }}</td></tr>
 {% endfor %}</table>{% endif %}{% endfor %}
