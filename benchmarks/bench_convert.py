@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from _child import run_child
 
 CONVERT = """
 import sys, time
@@ -54,14 +54,11 @@ def main() -> None:
         for turns in options.turns:
             log = Path(tmp) / f"log-{turns}.jsonl"
             size = write_log(log, turns)
-            child = subprocess.Popen([sys.executable, "-c", CONVERT, str(log), str(Path(tmp) / f"trace-{turns}.jsonl")],
-                                     stdout=subprocess.PIPE, text=True)
-            _, status, usage = os.wait4(child.pid, 0)
-            assert child.stdout is not None and os.waitstatus_to_exitcode(status) == 0
-            calls, conversations, elapsed = child.stdout.read().split()
-            child.stdout.close()
+            ended = run_child([sys.executable, "-c", CONVERT, str(log), str(Path(tmp) / f"trace-{turns}.jsonl")])
+            assert ended.code == 0, ended.err[-500:]
+            calls, conversations, elapsed = ended.out.split()
             assert (int(calls), int(conversations)) == (turns, 1)
-            print(f"{turns:>6} {size / 1e6:>8.1f} {float(elapsed):>10.2f} {usage.ru_maxrss / 1024:>12.0f}", flush=True)
+            print(f"{turns:>6} {size / 1e6:>8.1f} {float(elapsed):>10.2f} {ended.max_rss_kib / 1024:>12.0f}", flush=True)
 
 
 if __name__ == "__main__":

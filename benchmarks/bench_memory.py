@@ -23,11 +23,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from _child import run_child
 
 from repro.procs.process import free_port, start_process, wait_http_ready
 
@@ -47,13 +48,11 @@ def repro_run(base: str, out: Path, *args: str, turns: str = "1") -> tuple[float
     cmd = [sys.executable, "-c", "from repro.cli import main; main()", "run", "--base-url", base, "--model", "bench", "--turns", turns,
            "--out", str(out), "--no-report", "--stall-timeout", "120", "--turn-timeout", "600", "--timeout", "900",
            *args]
-    child = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    _, status, usage = os.wait4(child.pid, 0)
-    err = child.stderr.read() if child.stderr else ""
-    if os.waitstatus_to_exitcode(status) not in (0, 1):
-        raise SystemExit(f"repro run failed ({os.waitstatus_to_exitcode(status)}): {err.strip()[-400:]}")
+    ended = run_child(cmd)
+    if ended.code not in (0, 1):
+        raise SystemExit(f"repro run failed ({ended.code}): {ended.err.strip()[-400:]}")
     summary = json.loads((out / "summary.json").read_text())
-    return usage.ru_maxrss / 1024 * 1.048576, summary  # ru_maxrss is in KiB
+    return ended.max_rss_kib / 1024 * 1.048576, summary
 
 
 def queued_turns(out: Path, over_s: float = 0.05) -> int:

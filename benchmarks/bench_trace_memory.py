@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from _child import run_child
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "traces.jsonl"
 
@@ -53,19 +52,12 @@ def write_trace(path: Path, megabytes: int) -> tuple[int, int]:
     return lines, written
 
 
-def run_child(argv: list[str]) -> tuple[str, float, float]:
+def measured(argv: list[str]) -> tuple[str, float, float]:
     """Run a child to its end; (its stdout, wall seconds, its own peak RSS in MB, from wait4)."""
-    start = time.perf_counter()
-    with tempfile.TemporaryFile() as out_file, tempfile.TemporaryFile() as err_file:
-        child = subprocess.Popen(argv, stdout=out_file, stderr=err_file)
-        _, status, usage = os.wait4(child.pid, 0)
-        child.returncode = os.waitstatus_to_exitcode(status)
-        seconds = time.perf_counter() - start
-        out_file.seek(0)
-        err_file.seek(0)
-        if child.returncode != 0:
-            raise SystemExit(f"{' '.join(argv[:4])} failed ({child.returncode}): {err_file.read().decode()[-500:]}")
-        return out_file.read().decode(), seconds, usage.ru_maxrss / 1024
+    ended = run_child(argv)
+    if ended.code != 0:
+        raise SystemExit(f"{' '.join(argv[:4])} failed ({ended.code}): {ended.err[-500:]}")
+    return ended.out, ended.wall_s, ended.max_rss_kib / 1024
 
 
 def main() -> None:
@@ -78,10 +70,10 @@ def main() -> None:
         trace = Path(tmp) / "big.jsonl"
         lines, size = write_trace(trace, args.mb)
         print(f"trace: {lines} conversations, {size / 1e6:.0f} MB")
-        _, _, base = run_child([sys.executable, "-c", BASELINE])
+        _, _, base = measured([sys.executable, "-c", BASELINE])
         print(f"interpreter with the loader imported: peak RSS {base:.0f} MB")
         for sessions in args.sessions:
-            out, seconds, peak = run_child([sys.executable, "-c", LOAD, str(trace), sessions])
+            out, seconds, peak = measured([sys.executable, "-c", LOAD, str(trace), sessions])
             kept, count, _ = out.split()
             print(f"load, --sessions {sessions:>4}: kept {kept} of {count} conversations; peak RSS {peak:.0f} MB "
                   f"({peak / (size / 2**20):.2f}x the file); {seconds:.1f} s")
@@ -89,7 +81,7 @@ def main() -> None:
             out_dir = Path(tmp) / "runs"
             argv = [str(Path(sys.executable).parent / "repro"), "run", "--workload", str(trace), "--sessions", "10",
                     "--turns", "1", "--out", str(out_dir), "--sim-args", "--time-scale 0 --clock virtual"]
-            _, seconds, peak = run_child(argv)
+            _, seconds, peak = measured(argv)
             print(f"repro run --sessions 10 --turns 1: peak RSS {peak:.0f} MB; {seconds:.1f} s")
 
 

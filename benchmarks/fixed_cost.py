@@ -222,6 +222,8 @@ def _server(stamp: Path) -> Iterator[str]:
 
 def measure(tree: Path, sessions: int, extra: list[str], scratch: Path) -> dict[str, Any]:
     """One run of `repro run` from `tree`: phases, total CPU (children included), wall, first request."""
+    from _child import run_child  # not at the top: --child mode runs under -P, without this directory on sys.path
+
     scratch.mkdir(parents=True, exist_ok=True)
     stamp, phases = scratch / "first-request", scratch / "phases.json"
     stamp.unlink(missing_ok=True)
@@ -230,21 +232,17 @@ def measure(tree: Path, sessions: int, extra: list[str], scratch: Path) -> dict[
         env = {**os.environ, "PYTHONPATH": str(tree)}
         started = time.time()
         # -P as a user's console script: the working directory is not on the import path.
-        proc = subprocess.Popen([sys.executable, "-P", str(Path(__file__).resolve()), "--child", str(phases), "--", *args],
-                                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=scratch)
-        _, status, usage = os.wait4(proc.pid, 0)
-        wall = time.time() - started
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        err = proc.stderr.read().decode() if proc.stderr else ""
-        if proc.returncode != 0:
-            raise SystemExit(f"repro run from {tree} exited {proc.returncode}: {err.strip()[-500:]}")
+        ended = run_child([sys.executable, "-P", str(Path(__file__).resolve()), "--child", str(phases), "--", *args],
+                          env=env, cwd=scratch)
+        if ended.code != 0:
+            raise SystemExit(f"repro run from {tree} exited {ended.code}: {ended.err.strip()[-500:]}")
     data = json.loads(phases.read_text())
     if not data["repro"].startswith(str(tree)):
         raise SystemExit(f"the run imported {data['repro']}, not the tree {tree}")
-    total = usage.ru_utime + usage.ru_stime
+    total = ended.cpu_s
     first = float(stamp.read_text()) - started if stamp.exists() else float("nan")
     return {"cpu": data["cpu"], "imports": data["imports"], "found": data["found"], "total": total,
-            "fixed": total - data["cpu"]["load"], "wall": wall, "first_request": first}
+            "fixed": total - data["cpu"]["load"], "wall": ended.wall_s, "first_request": first}
 
 
 SIM_DEPLOY = "${python} -m repro.sim serve --host 127.0.0.1 --port ${port} --time-scale 0"
@@ -266,16 +264,14 @@ MATRIX_CELLS = 2
 
 def measure_command(tree: Path, args: list[str], scratch: Path, ok: tuple[int, ...] = (0,)) -> float:
     """Total CPU (children included) of `repro ARGS` run from `tree`."""
+    from _child import run_child  # as in measure()
+
     scratch.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    proc = subprocess.Popen([sys.executable, "-P", "-c", "from repro.cli import main; main()", *args], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=scratch)
-    _, status, usage = os.wait4(proc.pid, 0)
-    code = os.waitstatus_to_exitcode(status)
-    if code not in ok:
-        err = proc.stderr.read().decode() if proc.stderr else ""
-        raise SystemExit(f"repro {args[0]} from {tree} exited {code}: {err.strip()[-500:]}")
-    return usage.ru_utime + usage.ru_stime
+    ended = run_child([sys.executable, "-P", "-c", "from repro.cli import main; main()", *args], env=env, cwd=scratch)
+    if ended.code not in ok:
+        raise SystemExit(f"repro {args[0]} from {tree} exited {ended.code}: {ended.err.strip()[-500:]}")
+    return ended.cpu_s
 
 
 def measure_probe(tree: Path, scratch: Path) -> float:

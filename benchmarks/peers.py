@@ -34,11 +34,9 @@ Usage: `python benchmarks/peers.py [--levels 100,200,400,800] [--turns 2] [--pee
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -48,6 +46,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from _child import run_child
 from bench_client import LAG_LIMIT_S, start_server
 
 from repro.procs.limits import ensure_open_files
@@ -192,22 +191,8 @@ def server_chunks(url: str) -> int:
 
 def run_client(argv: Sequence[str], log: Path) -> tuple[int, float]:
     """Run a client in its own process group; its exit status and CPU seconds (its own and its reaped children's)."""
-    with log.open("w") as sink:
-        proc = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + RUN_TIMEOUT_S
-    while True:
-        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-        if pid:
-            break
-        if time.monotonic() > deadline:
-            os.killpg(proc.pid, signal.SIGKILL)
-            pid, status, usage = os.wait4(proc.pid, 0)
-            break
-        time.sleep(0.1)
-    proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait for it again
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)  # anything it left behind in its group
-    return proc.returncode, usage.ru_utime + usage.ru_stime
+    ended = run_child(argv, log=log, timeout_s=RUN_TIMEOUT_S, own_group=True)
+    return ended.code, ended.cpu_s
 
 
 def _last_line(log: Path) -> str:
