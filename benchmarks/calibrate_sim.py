@@ -25,35 +25,47 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from repro.store.rundir import read_sessions
 
 FAULTY = ["--enable-hierarchical-cache", "--index-k-dtype", "bf16"]
 BIG_POOL = ["--max-total-tokens", "5000000"]
-CONFIGS: dict[str, tuple[int, list[str]]] = {
-    "hicache+bf16": (60, FAULTY),
-    "hicache+bf16, sized": (60, [*FAULTY, *BIG_POOL]),
-    "hicache+fp8, sized": (60, ["--enable-hierarchical-cache", "--index-k-dtype", "fp8", *BIG_POOL]),
-    "hicache+bf16, 8, sized": (8, FAULTY),
-    "hicache+fp8, 8, sized": (8, ["--enable-hierarchical-cache", "--index-k-dtype", "fp8"]),
-    "hicache+bf16, 1 session": (1, FAULTY),
-    "hicache+bf16+gate": (60, [*FAULTY, "--index-k-gate"]),
-    "hicache+fp8": (60, ["--enable-hierarchical-cache", "--index-k-dtype", "fp8"]),
-    "hicache off, bf16": (60, ["--no-enable-hierarchical-cache", "--index-k-dtype", "bf16"]),
-    "hicache+bf16, no overlap": (60, [*FAULTY, "--disable-overlap-schedule"]),
-    "hicache+bf16, no cuda graph": (60, [*FAULTY, "--disable-cuda-graph"]),
+
+
+@dataclass(frozen=True)
+class Config:
+    """One configuration: its sessions, its simulator flags, and whether `--pressure auto` sizes its load."""
+
+    sessions: int
+    sim_args: list[str]
+    sized: bool = False
+
+
+CONFIGS: dict[str, Config] = {
+    "hicache+bf16": Config(60, FAULTY),
+    "hicache+bf16, sized": Config(60, [*FAULTY, *BIG_POOL], sized=True),
+    "hicache+fp8, sized": Config(60, ["--enable-hierarchical-cache", "--index-k-dtype", "fp8", *BIG_POOL], sized=True),
+    "hicache+bf16, 8, sized": Config(8, FAULTY, sized=True),
+    "hicache+fp8, 8, sized": Config(8, ["--enable-hierarchical-cache", "--index-k-dtype", "fp8"], sized=True),
+    "hicache+bf16, 1 session": Config(1, FAULTY),
+    "hicache+bf16+gate": Config(60, [*FAULTY, "--index-k-gate"]),
+    "hicache+fp8": Config(60, ["--enable-hierarchical-cache", "--index-k-dtype", "fp8"]),
+    "hicache off, bf16": Config(60, ["--no-enable-hierarchical-cache", "--index-k-dtype", "bf16"]),
+    "hicache+bf16, no overlap": Config(60, [*FAULTY, "--disable-overlap-schedule"]),
+    "hicache+bf16, no cuda graph": Config(60, [*FAULTY, "--disable-cuda-graph"]),
 }
 
 
-def run_once(name: str, sessions: int, sim_args: list[str], seed: int, workdir: Path, clock: str) -> dict[str, object]:
+def run_once(name: str, config: Config, seed: int, workdir: Path, clock: str) -> dict[str, object]:
     out = workdir / f"{len(list(workdir.iterdir()))}"
     faults = workdir / f"{out.name}-faults.jsonl"
     # `repro run` passes the seeds' faulty flags first; these come after them and win.
-    args = [*sim_args, "--clock", clock, "--fault-log", str(faults)]
-    cmd = [sys.executable, "-c", "from repro.cli import main; main()", "run", "--sessions", str(sessions),
+    args = [*config.sim_args, "--clock", clock, "--fault-log", str(faults)]
+    cmd = [sys.executable, "-c", "from repro.cli import main; main()", "run", "--sessions", str(config.sessions),
            "--seed", str(seed), "--out", str(out), "--sim-args", shlex.join(args)]
-    if name.endswith(", sized"):
+    if config.sized:
         cmd += ["--pressure", "auto"]
     started = time.monotonic()
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
@@ -91,11 +103,11 @@ def main() -> None:
         workdir = Path(tmp)
         print(f"{'configuration':30} {'seed':>4} {'clean':>5} {'corrupt':>7} {'timeout':>7} {'error':>5} "
               f"{'faults':>6} {'f.sess':>6} {'hit':>5} {'loadback':>8} {'ttft50':>6} {'run s':>5} {'wall s':>6}")
-        for name, (sessions, sim_args) in CONFIGS.items():
+        for name, config in CONFIGS.items():
             if options.only and name not in options.only:
                 continue
             for seed in range(options.repeat):
-                row = run_once(name, sessions, sim_args, seed, workdir, options.clock)
+                row = run_once(name, config, seed, workdir, options.clock)
                 counts = row["counts"]
                 print(f"{name:30} {seed:>4} {counts['clean']:>5} {counts['corrupt']:>7} {counts['timeout']:>7} "
                       f"{counts['error']:>5} {row['faults']:>6} {row['fault_sessions']:>6} {row['hit_rate']:>5.2f} "
