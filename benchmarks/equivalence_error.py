@@ -5,7 +5,7 @@ Monte Carlo over pure Bernoulli draws (no simulator), through the product's own 
   `repro gate --baseline`);
 - sequential: `repro run --until-decided --baseline`'s rule (repro.run.stopping.BaselineRule) with a
   finished baseline of BASELINE sessions and the run in waves of WAVE up to CAP. The simulation looks
-  only at the rule's bracket (`BaselineRule.bracket`, where pass and equivalence are decided) and leaves
+  only at the rule's bracket and its pass (`BaselineRule.bracket`, `BaselineRule.pass_verdict`) and leaves
   out its Boschloo fail test (seconds per look): a fail can only stop a run earlier, so the false-pass and
   false-equivalence rates measured here are upper bounds of the real rule's.
 
@@ -60,10 +60,10 @@ def sequential(p1: float, p2: float, runs: int, rng: np.random.Generator) -> tup
         draws = rng.random(CAP) < p1
         n = 0
         for n in range(WAVE, CAP + 1, WAVE):
-            low, high = rule.bracket(int(draws[:n].sum()), n)
-            if high < MARGIN:  # the rule's pass
+            verdict = rule.pass_verdict(*rule.bracket(int(draws[:n].sum()), n))
+            if verdict is not None:
                 passes += 1
-                equivalent += low > -MARGIN
+                equivalent += verdict == "practically equivalent"
                 break
         spent += n
     return passes, equivalent, spent / runs
