@@ -51,17 +51,18 @@ def labelled(argv: Sequence[str], tag: str, owner: int | str) -> tuple[list[str]
     return [*argv[:at], *labels, *argv[at:]], tag
 
 
-def _ids(docker: str, tag: str, env: dict[str, str] | None, *, full: bool = False) -> list[str]:
+def _ids(docker: str, tag: str, env: dict[str, str] | None) -> list[str]:
     found = subprocess.run(
-        [docker, "ps", "-aq", *(["--no-trunc"] if full else []), "--filter", f"label={LABEL}={tag}"],
+        [docker, "ps", "-aq", "--filter", f"label={LABEL}={tag}"],
         capture_output=True, text=True, timeout=DOCKER_TIMEOUT, env=env, check=False,
     )
     return found.stdout.split()
 
 
 def in_containers(cgroup: str, ids: list[str]) -> bool:
-    """Whether a process whose /proc/PID/cgroup reads `cgroup` runs in one of the containers `ids` (full ids):
-    docker names the container's cgroup after its id (`/docker/<id>`, `docker-<id>.scope`)."""
+    """Whether a process whose /proc/PID/cgroup reads `cgroup` runs in one of the containers `ids`: docker
+    names the container's cgroup after its full id (`/docker/<id>`, `docker-<id>.scope`), which begins with
+    the short one `docker ps -q` prints."""
     return any(cid in cgroup for cid in ids if len(cid) >= 12)
 
 
@@ -72,7 +73,7 @@ def owned(tag: str, pids: set[int]) -> set[int]:
     if docker is None or not pids:
         return set()
     try:
-        ids = _ids(docker, tag, None, full=True)
+        ids = _ids(docker, tag, None)
     except (OSError, subprocess.TimeoutExpired):
         return set()
     found = set()

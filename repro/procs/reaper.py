@@ -2,7 +2,7 @@
 
 `python -m repro.procs.reaper` reads one line per process group the harness starts (`+ <tag> <grace> <pgid>`,
 sent once before the start with pgid 0 and again once the pgid is known) or has stopped (`- <tag>`),
-and `c <tag>` for a launch that is a `docker run`, whose container (labelled with the tag) it removes too,
+and `c <tag>` for a registered launch that is a `docker run`, whose container (labelled with the tag) it removes too,
 from a pipe whose other end only the harness holds. The
 kernel closes that end when the harness dies, so end-of-file is the parent-death signal: no polling,
 no race with a harness that dies between two checks. Every group still registered is then swept.
@@ -76,42 +76,43 @@ def _signal(pids: set[int], sig: signal.Signals) -> None:
             pass
 
 
-def sweep(groups: dict[str, tuple[float, int]], docker: set[str] | frozenset[str] = frozenset()) -> None:
-    """SIGTERM every member of each tag's launch, wait up to its grace for them to end, then SIGKILL; then
-    remove the containers of the tags in `docker` (their clients' deaths did not stop them)."""
-    pending = {tag: members(pgid, tag) for tag, (_, pgid) in groups.items()}
+def sweep(groups: dict[str, tuple[float, int, bool]]) -> None:
+    """SIGTERM every member of each tag's launch (grace, pgid, docker), wait up to its grace for them to end,
+    then SIGKILL; then remove the containers of the `docker run` launches (their clients' deaths did not stop them)."""
+    pending = {tag: members(pgid, tag) for tag, (_, pgid, _) in groups.items()}
     for pids in pending.values():
         _signal(pids, signal.SIGTERM)
-    deadline = time.monotonic() + max((grace for grace, _ in groups.values()), default=0.0)
+    deadline = time.monotonic() + max((grace for grace, _, _ in groups.values()), default=0.0)
     while any(pending.values()) and time.monotonic() < deadline:
         time.sleep(0.05)
         pending = {tag: members(groups[tag][1], tag) for tag in pending}
     for pids in pending.values():
         _signal(pids, signal.SIGKILL)
-    for tag in docker:
-        containers.remove(tag)
+    for tag, (_, _, docker) in groups.items():
+        if docker:
+            containers.remove(tag)
 
 
 def main() -> None:
     # Own session (the harness starts it so): a signal to the harness's group does not reach it.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    registered: dict[str, tuple[float, int]] = {}
-    docker: set[str] = set()
+    # (grace, pgid, is a `docker run`) by tag; a launch's `c` comes between its two `+` lines, which keep it.
+    registered: dict[str, tuple[float, int, bool]] = {}
     for line in sys.stdin.buffer:
         op, tag, *rest = line.decode("ascii", errors="replace").split() or ["", ""]
         if op == "+" and len(rest) == 2:
             try:
-                registered[tag] = (float(rest[0]), int(rest[1]))
+                grace, pgid = float(rest[0]), int(rest[1])
             except ValueError:
                 continue
-        elif op == "c":
-            docker.add(tag)
+            registered[tag] = (grace, pgid, tag in registered and registered[tag][2])
+        elif op == "c" and tag in registered:
+            grace, pgid, _ = registered[tag]
+            registered[tag] = (grace, pgid, True)
         elif op == "-":
             registered.pop(tag, None)
-            docker.discard(tag)
-    sweep(registered, docker & set(registered))
-
+    sweep(registered)
 
 if __name__ == "__main__":
     main()
