@@ -389,14 +389,12 @@ def _adequacy(spec: MatrixSpec, totals: dict[tuple[tuple[str, str], ...], Outcom
     return reasons
 
 
-def _power(spec: MatrixSpec, effect: Effect) -> float | None:
-    if not effect.treated.n or not effect.reference.n:
+def _power(spec: MatrixSpec, treated: Arm, reference: Arm) -> float | None:
+    if not treated.n or not reference.n:
         return None
-    base = effect.reference.k / effect.reference.n
+    base = reference.k / reference.n
     target = min(1.0, base + spec.design.detect)
-    return power_two_proportions(
-        target, base, effect.treated.n, effect.reference.n, alpha=spec.design.alpha, test="fisher"
-    )
+    return power_two_proportions(target, base, treated.n, reference.n, alpha=spec.design.alpha, test="fisher")
 
 
 def _judge_corruption(spec: MatrixSpec, totals: dict, effects: list[Effect]) -> None:
@@ -456,7 +454,7 @@ def _judge_corruption(spec: MatrixSpec, totals: dict, effects: list[Effect]) -> 
         elif effect.p is None:
             effect.reasons.append("no stratum holds both levels and the regression could not be fitted")
         else:
-            effect.power = _power(spec, effect)
+            effect.power = _power(spec, effect.treated, effect.reference)
             effect.reasons += _adequacy(spec, totals, effect)  # after any censoring caveat of the widening test
             effect.verdict = "inconclusive" if effect.reasons else "no detectable effect"
             if _equivalent(spec, totals, effect, tests=len(effects)):
@@ -567,7 +565,7 @@ def _judge_secondary(spec: MatrixSpec, effects: list[Effect]) -> None:
         elif _significant(effect, spec.design.alpha):
             effect.verdict = "causes" if _direction(effect) > 0 else "reduces"
         else:
-            effect.power = _power(spec, effect)
+            effect.power = _power(spec, effect.treated, effect.reference)
             effect.verdict = "no detectable effect"
 
 
@@ -607,11 +605,12 @@ def _interactions(
         if effect.verdict == "no detectable effect":
             # An interaction is a difference of effects; detecting it takes at least what detecting the
             # second factor's effect within the first's level takes, so that power bounds it from above.
+            # Only that comparison's arms are needed: the interaction's own test is the regression's.
             (fa, la), (fb, lb) = (part.split("=", 1) for part in effect.term.split("×"))
-            within = _effect(spec, totals, (fb, lb, baseline[fb]), "corruption", None, {fa: la})
-            effect.power = _power(spec, within)
+            _, treated, reference = _strata(totals, fb, lb, baseline[fb], EVENTS["corruption"], {fa: la})
+            effect.power = _power(spec, treated, reference)
             effect.reasons.append(f"power at most that of {spec.label(fb)} {lb} vs {baseline[fb]} within "
-                                  f"{spec.label(fa)} {la} ({_arms(within)})")
+                                  f"{spec.label(fa)} {la} ({_sessions(treated, reference)})")
     return effects
 
 
@@ -622,7 +621,11 @@ def _fmt_p(p: float | None) -> str:
 
 
 def _arms(effect: Effect) -> str:
-    return f"{effect.treated.k}/{effect.treated.n} vs {effect.reference.k}/{effect.reference.n} sessions"
+    return _sessions(effect.treated, effect.reference)
+
+
+def _sessions(treated: Arm, reference: Arm) -> str:
+    return f"{treated.k}/{treated.n} vs {reference.k}/{reference.n} sessions"
 
 
 def verdict_paragraph(spec: MatrixSpec, analysis: MatrixAnalysis) -> str:
