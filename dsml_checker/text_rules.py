@@ -48,7 +48,6 @@ _GARBLED_TAG_RE = re.compile(
     re.I,
 )
 _LT_BAR_RE = re.compile(r"<[ \t]*[｜|‖]")
-_BAR_CHARS = "｜|‖ \t"
 # Attribute damage (rule 11) by pattern: possessive tag words, so a lookahead cannot judge half a word.
 _TAG_OPEN = rf"<[ \t]*{_SENT}[ \t]*"
 _INV = "[iI][nN][vV][a-zA-Z_]*+"
@@ -94,10 +93,12 @@ _CONTROL_TOKEN_RE = re.compile(
 _PLACEHOLDER_RE = re.compile(r"\$(?:TOOL_NAME|PARAMETER_NAME|PARAMETER_VALUE)")
 # Everything that starts at a "<" in one pass: DeepSeek's parameter tag with its string= attribute (counts even
 # when no tools were offered), other XML tool tags, think tags, and a bar right after "<" (special tokens) that
-# does not open a well-spelt DSML tag.
+# does not open a well-spelt DSML tag, nor one that reads "dsml" within 12 characters past its bars and blanks
+# (no special token spells it, and a garbled sentinel is one that does not read "dsml"): a leaked block's tags,
+# whatever their bars, are passed over inside the search instead of each being a match to look at.
 _LT_RE = re.compile(
     r"<(?:(parameter\s+name\s*=[^<>]*?\bstring\s*=)|(/?function_calls>|invoke\s+name\s*=|/invoke>|function>\s*<name>)"
-    rf"|(/?think>)|(?!/?{SENTINEL})({_BLANKS_SLASH}[｜|‖]))"
+    rf"|(/?think>)|(?!/?{SENTINEL})({_BLANKS_SLASH}[｜|‖])(?![｜|‖ \t]{{0,8}}+[dD][sS][mM][lL]))"
 )
 # At a "<" and a bar, the three special-token patterns at once: one match call instead of three, each group
 # holding what that pattern alone would match there.
@@ -497,9 +498,7 @@ def _scan_angles(
         elif think and not (reasoning and think == "think>"):
             # Reasoning may open with <think>; only </think> is foreign there.
             controls.append(m.span())
-        elif lt_bar and text[m.end() : m.end() + 12].lstrip(_BAR_CHARS)[:4].lower() != "dsml":
-            # A special token, or a garbled sentinel. (A bar then "dsml" is neither: no special token spells
-            # it, and a garbled sentinel is one that does not read "dsml".)
+        elif lt_bar:  # a special token, or a garbled sentinel
             at = m.start()
             v3, control, garbled = _SPECIAL_AT_LT_RE.match(text, at).groups()
             if v3 is not None:

@@ -1,15 +1,19 @@
-"""The canonical-block short cut of the DSML tag scan (text_rules._canonical_block) answers as the full scan
-(text_rules._scan_tags) wherever it answers at all: the same findings, in the same order, from the same state,
-on generated blocks that are whole, cut, garbled, nested, quoted or named twice, among adversarial prose."""
+"""The short cuts of the leak path answer as the general code they stand in for, on generated blocks that are
+whole, cut, garbled, nested, quoted or named twice, among adversarial prose: the canonical-block short cut of
+the DSML tag scan (text_rules._canonical_block) gives the full scan's (text_rules._scan_tags) findings, in the
+same order, from the same state, wherever it answers at all; and the "<" search of the token rules
+(text_rules._LT_RE) passes over a bar that reads "dsml" itself, as the rules' own test of each match did."""
 
 from __future__ import annotations
+
+import re
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dsml_checker import ToolCall, render_calls
 from dsml_checker.formats import SENTINEL
-from dsml_checker.text_rules import _canonical_block, _Collector, _scan_tags
+from dsml_checker.text_rules import _LT_RE, _canonical_block, _Collector, _scan_tags
 
 SETTINGS = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -97,3 +101,31 @@ def test_a_whole_block_with_distinct_names_takes_the_short_cut(calls: list[ToolC
     if not calls:
         return
     assert _canonical_block(text, _start(text), text.count(SENTINEL), _Collector(text, "content"))
+
+
+# _LT_RE as it was, and the test `_scan_angles` made of each of its bar matches before the pattern took it over.
+_LT_BEFORE = re.compile(
+    r"<(?:(parameter\s+name\s*=[^<>]*?\bstring\s*=)|(/?function_calls>|invoke\s+name\s*=|/invoke>|function>\s*<name>)"
+    rf"|(/?think>)|(?!/?{SENTINEL})([ \t]*+(?:/[ \t]*+)?[｜|‖]))"
+)
+
+
+def _reads_dsml(text: str, end: int) -> bool:
+    return text[end : end + 12].lstrip("｜|‖ \t")[:4].lower() == "dsml"
+
+
+_BARRED = st.lists(
+    st.one_of(_TEXT, st.sampled_from(_PIECES), st.sampled_from(["<｜ ｜ dsml", "< / ‖‖‖‖‖‖‖‖dsml", "<|" + "|" * 9 + "DSML", "<‖\tDsMl"])),
+    max_size=8,
+).map("".join)
+
+
+@SETTINGS
+@given(_texts() | _BARRED)
+def test_the_lt_search_passes_over_bars_that_read_dsml_as_the_rules_did(text: str) -> None:
+    kept = [
+        (m.span(), m.groups())
+        for m in _LT_BEFORE.finditer(text)
+        if not (m.group(4) and _reads_dsml(text, m.end()))
+    ]
+    assert [(m.span(), m.groups()) for m in _LT_RE.finditer(text)] == kept
