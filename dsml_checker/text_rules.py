@@ -356,11 +356,11 @@ def _canonical_block(text: str, start: int, sentinels: int, out: _Collector) -> 
     names = _CANONICAL_PARAM_NAME_RE.findall(text, start, block.end())
     if len(set(names)) != len(names):
         return False
-    # The full scan adds the opener, then the closer too while the opener's finding is quoted-dsml.
+    # The full scan adds the opener, then the closer too while the opener's finding is quoted-dsml; a tag's span
+    # ends with its word, before the ">".
     out.add("wrapper-tag", start, start + len(_WRAPPER_OPENER))
     if "wrapper-tag" not in out.seen:
-        closer = block.end() - len(_WRAPPER_CLOSER)
-        out.add("wrapper-tag", closer, closer + len(_WRAPPER_CLOSER) - 1)
+        out.add("wrapper-tag", block.end() - len(_WRAPPER_CLOSER), block.end() - 1)
     return True
 
 
