@@ -9,6 +9,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import json
+import operator
 import re
 from typing import Any, Iterator
 
@@ -47,7 +48,6 @@ _GARBLED_TAG_RE = re.compile(
     re.I,
 )
 _LT_BAR_RE = re.compile(r"<[ \t]*[｜|‖]")
-_BAR_CHARS = "｜|‖ \t"
 # Attribute damage (rule 11) by pattern: possessive tag words, so a lookahead cannot judge half a word.
 _TAG_OPEN = rf"<[ \t]*{_SENT}[ \t]*"
 _INV = "[iI][nN][vV][a-zA-Z_]*+"
@@ -69,6 +69,20 @@ _TAG_SCAN_RE = re.compile(
     r'(?:(?(2)|(?(3)|(?!)))(?=([^<>]*?\bname="([^"]*)"))|)'
     r")"
 )
+# One whole tool-call block as the encoder writes it, canonical sentinels only: blanks between tags, names
+# without quotes or angle brackets, values without a "<" that could open a tag (blanks, a slash, a bar). Written
+# possessive: it never backtracks, so a block cut short or damaged fails in one pass.
+_CANONICAL_VALUE = r"(?:[^<]++|<(?![ \t]*+/?[ \t]*+[｜|‖]))*+"
+_CANONICAL_PARAM = (
+    f'<{SENTINEL}parameter name="[^"“”<>]*+" string="(?:true|false)">{_CANONICAL_VALUE}</{SENTINEL}parameter>'
+)
+_CANONICAL_INVOKE = rf'<{SENTINEL}invoke name="[^"“”<>]*+">(?:\s*+{_CANONICAL_PARAM})*+\s*+</{SENTINEL}invoke>'
+_CANONICAL_BLOCK_RE = re.compile(
+    rf"<{SENTINEL}tool_calls>(?:\s*+{_CANONICAL_INVOKE})*+\s*+</{SENTINEL}tool_calls>"
+)
+_CANONICAL_PARAM_NAME_RE = re.compile(f'<{SENTINEL}parameter name="([^"]*)"')
+_WRAPPER_OPENER = f"<{SENTINEL}tool_calls"
+_WRAPPER_CLOSER = f"</{SENTINEL}tool_calls>"
 _TRUNCATED_RE = re.compile(rf"</?[ \t]*{_BAR}[ \t]*(?:[a-z▁_]*(?:{_BAR})?|dsml[ \t]*{_BAR}[^<>]*)", re.I)
 _V3_RE = re.compile(
     rf"<[ \t]*{_BAR}[ \t]*tool[▁_ ]?(?:calls?[▁_ ]?(?:begin|end)|sep|outputs?[▁_ ]?(?:begin|end))[ \t]*{_BAR}[ \t]*>", re.I
@@ -79,10 +93,12 @@ _CONTROL_TOKEN_RE = re.compile(
 _PLACEHOLDER_RE = re.compile(r"\$(?:TOOL_NAME|PARAMETER_NAME|PARAMETER_VALUE)")
 # Everything that starts at a "<" in one pass: DeepSeek's parameter tag with its string= attribute (counts even
 # when no tools were offered), other XML tool tags, think tags, and a bar right after "<" (special tokens) that
-# does not open a well-spelt DSML tag.
+# does not open a well-spelt DSML tag, nor one that reads "dsml" within 12 characters past its bars and blanks
+# (no special token spells it, and a garbled sentinel is one that does not read "dsml"): a leaked block's tags,
+# whatever their bars, are passed over inside the search instead of each being a match to look at.
 _LT_RE = re.compile(
     r"<(?:(parameter\s+name\s*=[^<>]*?\bstring\s*=)|(/?function_calls>|invoke\s+name\s*=|/invoke>|function>\s*<name>)"
-    rf"|(/?think>)|(?!/?{SENTINEL})({_BLANKS_SLASH}[｜|‖]))"
+    rf"|(/?think>)|(?!/?{SENTINEL})({_BLANKS_SLASH}[｜|‖])(?![｜|‖ \t]{{0,8}}+[dD][sS][mM][lL]))"
 )
 # At a "<" and a bar, the three special-token patterns at once: one match call instead of three, each group
 # holding what that pattern alone would match there.
@@ -304,7 +320,8 @@ def _scan_dsml(text: str, lowered: bytes, dsml_count: int, out: _Collector) -> N
     # A variant needs a "dsml" outside every canonical sentinel, or doubled bars around one; checking that
     # first spares ordinary leaks the slow scan.
     # (Doubled bars looked for in the bytes: a search for a string of two characters is slow in most text.)
-    if dsml_count > text.count(SENTINEL) or _DOUBLED_BAR in lowered:
+    sentinels = text.count(SENTINEL)
+    if dsml_count > sentinels or _DOUBLED_BAR in lowered:
         words = _dsml_words(text, lowered)
         for m in _variants(text, words):
             if not m.group(0).startswith(SENTINEL) and out.add("sentinel-variant", m.start(), m.end()):
@@ -317,7 +334,34 @@ def _scan_dsml(text: str, lowered: bytes, dsml_count: int, out: _Collector) -> N
     first = lowered.find(b"dsml")
     if len(lowered) != len(text):
         first = len(lowered[:first].decode("utf-8", "surrogatepass"))
-    _scan_tags(text, out, max(0, text.rfind("<", 0, first)))
+    start = max(0, text.rfind("<", 0, first))
+    if dsml_count != sentinels or not _canonical_block(text, start, sentinels, out):
+        _scan_tags(text, out, start)
+
+
+def _canonical_block(text: str, start: int, sentinels: int, out: _Collector) -> bool:
+    """`_scan_tags(text, out, start)`'s work when its tags are one well-formed block opening at `start` (the
+    usual leak: the encoder's block delivered as text), answered by one match; False, having done nothing, when
+    they may not be.
+
+    Every tag `_TAG_SCAN_RE` can match spells "dsml" in ASCII after its "<": with each "dsml" of the text inside
+    one of the `sentinels` canonical sentinels (the caller's test), and all of those inside the block, its tags
+    are the block's. Those balance and carry well-formed attributes, with blanks between them: of the full
+    scan's findings only the wrapper tags remain, and a parameter named twice in one invoke (attribute damage),
+    which is left to the full scan (names repeated anywhere in the block send it there).
+    """
+    block = _CANONICAL_BLOCK_RE.match(text, start)
+    if block is None or text.count(SENTINEL, start, block.end()) != sentinels:
+        return False
+    names = _CANONICAL_PARAM_NAME_RE.findall(text, start, block.end())
+    if len(set(names)) != len(names):
+        return False
+    # The full scan adds the opener, then the closer too while the opener's finding is quoted-dsml; a tag's span
+    # ends with its word, before the ">".
+    out.add("wrapper-tag", start, start + len(_WRAPPER_OPENER))
+    if "wrapper-tag" not in out.seen:
+        out.add("wrapper-tag", block.end() - len(_WRAPPER_CLOSER), block.end() - 1)
+    return True
 
 
 def _scan_tags(text: str, out: _Collector, start: int) -> None:
@@ -398,9 +442,10 @@ def _duplicated(text: str, *, anywhere: bool) -> tuple[int, int] | None:
         return None
     # A repeated block is anchored on one of its lines that is long enough to mean something: short lines
     # (table rulers, braces, blank lines) repeat in any answer and would only cost time.
-    # Filtered by C-level iterators (no Python step per line): a long answer has hundreds of lines.
+    # Filtered by C-level iterators (no Python step per line): a long answer has hundreds of lines. operator.le
+    # is called directly, where the bound `_DUP_LINE_MIN.__le__` would build an argument tuple for every line.
     parts = text.split("\n")
-    lines = list(itertools.compress(parts, map(_DUP_LINE_MIN.__le__, map(len, parts))))
+    lines = list(itertools.compress(parts, map(operator.le, itertools.repeat(_DUP_LINE_MIN), map(len, parts))))
     if len(set(lines)) == len(lines):
         return None
     seen: set[str] = set()
@@ -453,9 +498,7 @@ def _scan_angles(
         elif think and not (reasoning and think == "think>"):
             # Reasoning may open with <think>; only </think> is foreign there.
             controls.append(m.span())
-        elif lt_bar and text[m.end() : m.end() + 12].lstrip(_BAR_CHARS)[:4].lower() != "dsml":
-            # A special token, or a garbled sentinel. (A bar then "dsml" is neither: no special token spells
-            # it, and a garbled sentinel is one that does not read "dsml".)
+        elif lt_bar:  # a special token, or a garbled sentinel
             at = m.start()
             v3, control, garbled = _SPECIAL_AT_LT_RE.match(text, at).groups()
             if v3 is not None:
