@@ -17,6 +17,7 @@ from dsml_checker import ToolCall, check, prescan, render_calls
 from dsml_checker.check import _decode
 from dsml_checker.soft_rules import _candidate_windows, _loops
 from dsml_checker.text_rules import NOT_JSON, _quoted_regions, _single_ticks, _ticks_quote
+from dsml_checker.turn_rules import scan_turn, tool_schemas
 
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 GATES = [name for name, value in vars(prescan).items() if callable(value) and name.startswith("may_")]
@@ -89,6 +90,19 @@ def test_the_fast_path_finds_what_the_full_path_finds(case: tuple[dict[str, Any]
     with every_gate_open():
         full = check(message, finish_reason=finish, tools=TOOLS, raw=raw)
     assert fast == full
+
+
+_TOOL_LISTS = st.sampled_from([None, [], TOOLS, [{"type": "function"}], [{"function": {"name": "get_weather"}}], "tools"])
+
+
+@SETTINGS
+@given(content=damaged, reasoning=damaged, tools=_TOOL_LISTS, finish=st.sampled_from([None, "stop", "tool_calls"]))
+def test_the_turn_rules_build_the_schemas_only_when_needed_and_find_the_same(
+    content: str, reasoning: str, tools: Any, finish: str | None
+) -> None:
+    # check() hands a turn without calls no schemas: the turn rules build them for a bare tool tag alone.
+    lazy = scan_turn(content, reasoning, None, tools, finish, None)
+    assert lazy == scan_turn(content, reasoning, None, tools, finish, None, None, tool_schemas(tools))
 
 
 # Bytes with runs of short units among noise: where a gate that wrongly answers "no" would hide a loop.
