@@ -12,7 +12,7 @@ from dsml_checker.findings import Finding, Verdict, make_finding
 from dsml_checker.schema import schema_error
 from dsml_checker.soft_rules import scan_soft
 from dsml_checker.text_rules import NOT_JSON, scan_arguments, scan_text
-from dsml_checker.turn_rules import scan_turn
+from dsml_checker.turn_rules import scan_turn, tool_schemas
 
 # Quotes, angle brackets, whitespace or a fullwidth bar in a name mean markup spilled into it.
 _BAD_NAME_RE = re.compile(r"[\"'<>`\s｜]")
@@ -50,18 +50,6 @@ def _text(value: Any) -> str:
     if isinstance(value, list):
         return "".join(p["text"] for p in value if isinstance(p, dict) and isinstance(p.get("text"), str))
     return str(value)
-
-
-def _tool_schemas(tools: Any) -> dict[str, Any] | None:
-    """Name -> parameters schema of the request's tools; None when the request offered no tools."""
-    if not isinstance(tools, list) or not tools:
-        return None
-    schemas: dict[str, Any] = {}
-    for tool in tools:
-        fn = tool.get("function") if isinstance(tool, dict) else None
-        if isinstance(fn, dict) and isinstance(fn.get("name"), str):
-            schemas[fn["name"]] = fn.get("parameters")
-    return schemas
 
 
 def _whole(rule: str, field: str, text: str, excerpt: str | None = None) -> Finding:
@@ -210,8 +198,9 @@ def check(
 def _judge(message: Any, finish_reason: Any, tools: Any, tool_choice: Any, raw: Any) -> Verdict:
     if not isinstance(message, dict):
         return Verdict.of((_whole("message-shape", "message", repr(message)[:80]),))
-    schemas = _tool_schemas(tools)
-    offered = schemas is not None
+    # The schemas are built where a call needs them; a turn without calls asks only whether tools were offered
+    # (and the turn rules build them in the rare case of a bare tool tag).
+    offered = isinstance(tools, list) and bool(tools)
     content = message.get("content")
     if not isinstance(content, str):
         content = _text(content)
@@ -231,14 +220,16 @@ def _judge(message: Any, finish_reason: Any, tools: Any, tool_choice: Any, raw: 
     encoded: list[bytes] = [content_utf8, reasoning_utf8]
     calls = message.get("tool_calls")
     parsed_calls: list[tuple[str, dict[str, Any] | None]] = []
+    schemas = None
     if calls is not None:
+        schemas = tool_schemas(tools)
         found, parsed_calls = _check_calls(calls, schemas, texts, encoded)
         if found:
             findings += found
     found = scan_soft(texts, encoded)
     if found:
         findings += found
-    found = scan_turn(content, reasoning, calls, schemas, finish_reason, raw, parsed_calls)
+    found = scan_turn(content, reasoning, calls, tools, finish_reason, raw, parsed_calls, schemas)
     if found:
         findings += found
     n_calls = len(calls) if isinstance(calls, list) else 0

@@ -4,8 +4,8 @@ All text fields are joined into one byte string and compared with itself shifted
 handful of C-level big-integer operations however many fields it has: this is the checker's hot path. An
 eighth-size sample tells first whether a loop is possible at all (prescan.may_loop, then prescan.may_repeat for
 what repeats with a longer period); then a quarter-size sample is compared, and only the windows where it
-repeats get the exact byte-level pass. Loops
-of about 80 bytes and longer are found (units of 3, 6 or 7 bytes need about 120).
+repeats get the exact byte-level pass. Loops of about 80 bytes and longer are found (units of 3, 6 or 7 bytes
+need about 120). The rare-character pass likewise looks at every 3rd byte first (prescan.may_be_rare).
 """
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ def scan_soft(fields: Sequence[tuple[str, str]], encoded: Sequence[bytes]) -> li
         name, text = fields[i]
         start, end = _chars(encoded[i], lo - starts[i]), _chars(encoded[i], hi - starts[i])
         findings.append(make_finding("repetition-loop", name, text, start, end))
-    if _RARE_UTF8_RE.search(raw.translate(None, _NOT_RARE)):
+    if prescan.may_be_rare(raw, _NOT_RARE) and _RARE_UTF8_RE.search(raw.translate(None, _NOT_RARE)):
         for name, text in fields:
             m = _RARE_RE.search(text)
             if m is not None:

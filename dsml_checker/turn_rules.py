@@ -35,6 +35,7 @@ _XML_TAGS = ("<invoke", "<parameter")
 # for an ASCII word several times slower than this.
 _XML_TAG_RE = re.compile("<(?:invoke|parameter)")
 _MATCH_MAX = 256
+_NO_VOCABULARY: tuple[frozenset[str], frozenset[str]] = (frozenset(), frozenset())  # no tools offered
 
 
 def _whole(rule: str, field: str, text: str) -> Finding:
@@ -176,6 +177,18 @@ def resent_prefix(text: str) -> int:
     return 0
 
 
+def tool_schemas(tools: Any) -> dict[str, Any] | None:
+    """Name -> parameters schema of the request's tools; None when the request offered no tools."""
+    if not isinstance(tools, list) or not tools:
+        return None
+    schemas: dict[str, Any] = {}
+    for tool in tools:
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if isinstance(fn, dict) and isinstance(fn.get("name"), str):
+            schemas[fn["name"]] = fn.get("parameters")
+    return schemas
+
+
 def tool_vocabulary(schemas: dict[str, Any]) -> tuple[frozenset[str], frozenset[str]]:
     """The request's tool names, and the property names of their parameter schemas."""
     params: set[str] = set()
@@ -275,13 +288,15 @@ def scan_turn(
     content: str,
     reasoning: str,
     calls_value: Any,
-    schemas: dict[str, Any] | None,
+    tools: Any,
     finish_reason: Any,
     raw: Any,
     calls: list[tuple[str, dict[str, Any] | None]] | None = None,
+    schemas: dict[str, Any] | None = None,
 ) -> list[Finding]:
-    """The rules of this module over one message's texts and calls; `raw` is the turn's raw text, or None;
-    `calls`, when given, is `call_list(calls_value)` already worked out."""
+    """The rules of this module over one message's texts and calls; `tools` is the request's, `raw` the turn's
+    raw text, or None; `calls` and `schemas`, when given, are `call_list(calls_value)` and `tool_schemas(tools)`
+    already worked out (the schemas are otherwise built only for a text that shows a bare tool tag)."""
     findings: list[Finding] = []
     many = isinstance(calls_value, list) and len(calls_value) > 1
     if calls is None:
@@ -299,11 +314,14 @@ def scan_turn(
         first = resent_prefix(text)
         if first:
             findings.append(make_finding("resent-prefix", field, text, 0, 2 * first))
-        if schemas and "<" in text and _XML_TAG_RE.search(text) is not None:
-            vocabulary = tool_vocabulary(schemas) if vocabulary is None else vocabulary
-            found = bare_tool_tags(text, field, *vocabulary)
-            if found is not None:
-                findings.append(found)
+        if "<" in text and _XML_TAG_RE.search(text) is not None:
+            if vocabulary is None:
+                schemas = schemas or tool_schemas(tools)
+                vocabulary = tool_vocabulary(schemas) if schemas else _NO_VOCABULARY
+            if vocabulary is not _NO_VOCABULARY:
+                found = bare_tool_tags(text, field, *vocabulary)
+                if found is not None:
+                    findings.append(found)
     # isspace() stops at the first visible character, where strip() would copy the whole answer.
     if finish_reason == "stop" and (not content or content.isspace()) and not (isinstance(calls_value, list) and calls_value):
         findings.append(make_finding("empty-turn", "content", content, 0, len(content)))

@@ -15,8 +15,9 @@ from hypothesis import strategies as st
 
 from dsml_checker import ToolCall, check, prescan, render_calls
 from dsml_checker.check import _decode
-from dsml_checker.soft_rules import _candidate_windows, _loops
+from dsml_checker.soft_rules import _NOT_RARE, _SEPARATOR, _candidate_windows, _loops, scan_soft
 from dsml_checker.text_rules import NOT_JSON, _quoted_regions, _single_ticks, _ticks_quote
+from dsml_checker.turn_rules import scan_turn, tool_schemas
 
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 GATES = [name for name, value in vars(prescan).items() if callable(value) and name.startswith("may_")]
@@ -78,7 +79,7 @@ def every_gate_open() -> Iterator[None]:
 
 
 def test_there_are_gates_to_test() -> None:
-    assert {"may_loop", "may_repeat"} <= set(GATES)
+    assert {"may_loop", "may_repeat", "may_be_rare"} <= set(GATES)
 
 
 @SETTINGS
@@ -89,6 +90,19 @@ def test_the_fast_path_finds_what_the_full_path_finds(case: tuple[dict[str, Any]
     with every_gate_open():
         full = check(message, finish_reason=finish, tools=TOOLS, raw=raw)
     assert fast == full
+
+
+_TOOL_LISTS = st.sampled_from([None, [], TOOLS, [{"type": "function"}], [{"function": {"name": "get_weather"}}], "tools"])
+
+
+@SETTINGS
+@given(content=damaged, reasoning=damaged, tools=_TOOL_LISTS, finish=st.sampled_from([None, "stop", "tool_calls"]))
+def test_the_turn_rules_build_the_schemas_only_when_needed_and_find_the_same(
+    content: str, reasoning: str, tools: Any, finish: str | None
+) -> None:
+    # check() hands a turn without calls no schemas: the turn rules build them for a bare tool tag alone.
+    lazy = scan_turn(content, reasoning, None, tools, finish, None)
+    assert lazy == scan_turn(content, reasoning, None, tools, finish, None, None, tool_schemas(tools))
 
 
 # Bytes with runs of short units among noise: where a gate that wrongly answers "no" would hide a loop.
@@ -103,6 +117,28 @@ def test_no_loop_signal_means_no_candidate_window_and_no_repeat_signal_no_loop(p
         assert _candidate_windows(raw) == []
     if not prescan.may_repeat(raw):
         assert _loops(raw) == []
+
+
+# Rare characters of one to four bytes, and their neighbours that are not rare (a lone U+FFFD, a fullwidth bar).
+_RARE_CHARS = ["\x00", "\x01", "\x7f", "\x85", "\ufffd", "\ue000", "\u200b", "\ufeff", "\U000f0000", "｜", "é", "\n", "a", " "]
+_RARE_TEXT = st.lists(st.sampled_from(_RARE_CHARS) | _PROSE, max_size=12).map("".join)
+
+
+@SETTINGS
+@given(fields=st.lists(_RARE_TEXT, min_size=1, max_size=4))
+def test_no_rare_signal_means_no_rare_run(fields: list[str]) -> None:
+    encoded = [text.encode("utf-8", "surrogatepass") for text in fields]
+    raw = _SEPARATOR.join(encoded)
+    if not prescan.may_be_rare(raw, _NOT_RARE):
+        # (The whole-string pass may still answer yes: deleting the plain bytes joins rare ones that stood apart.)
+        assert not any(f.rule == "rare-chars" for f in scan_soft([(str(i), t) for i, t in enumerate(fields)], encoded))
+
+
+@pytest.mark.parametrize("rare", ["\x01", "\x85", "\ue000", "\U000f0000"])
+@pytest.mark.parametrize("lead", [0, 1, 2, 3])
+def test_the_shortest_rare_run_gives_the_rare_signal(rare: str, lead: int) -> None:
+    raw = ("x" * lead + rare * 3 + "y").encode("utf-8")
+    assert prescan.may_be_rare(raw, _NOT_RARE)
 
 
 @pytest.mark.parametrize("unit", [b"0", b"ab", b"abc", b"abcd", b"abcde", b"abcdef", b"abcdefg", b"abcdefgh", "ｘ".encode()])
