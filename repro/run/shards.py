@@ -299,9 +299,13 @@ async def play_shard(job: ShardJob, emit: Callable[[Frame], None], stop: anyio.E
 # The local transport: processes on this machine, frames over a Unix socket.
 
 
-async def send_frame(stream: ByteStream, message: Frame) -> None:
-    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    await stream.send(_HEADER.pack(len(data)) + data)
+async def send_frame(stream: ByteStream, *messages: Frame) -> None:
+    """`messages` in order, in one write."""
+    parts = []
+    for message in messages:
+        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        parts += (_HEADER.pack(len(data)), data)
+    await stream.send(b"".join(parts))
 
 
 async def receive_frame(reader: BufferedByteReceiveStream) -> Frame | None:
@@ -411,7 +415,15 @@ async def _work(socket_path: str, index: int) -> None:
         async with outbox:
             try:
                 async for item in outbox:
-                    await send_frame(stream, item)
+                    # What else is queued goes in the same write: a session's start and its record were a
+                    # system call each, on both sides.
+                    items = [item]
+                    while True:
+                        try:
+                            items.append(outbox.receive_nowait())
+                        except (anyio.WouldBlock, anyio.EndOfStream):
+                            break
+                    await send_frame(stream, *items)
             except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                 stop.set()  # the driver is gone: nobody keeps what is left
 
