@@ -9,7 +9,15 @@ reaped children), the server's CPU per chunk, the load average, and why any sess
 A level passes when every worker's lag p99 is under 50 ms, TTFT p99 is within 50 ms of --ttft and
 every session is clean.
 
-Usage: `python benchmarks/bench_workers.py [--runs 1:2000,2:2000,2:4000,2:10000:30] [--quick]`
+With `--floor`, each level is followed at once by benchmarks/stream_floor.py on the same level, and a
+line gives repro's CPU per chunk as a ratio to the floor's, measured in the same run.
+
+The workers load repro as an installed copy does, from compiled bytecode (compiled first, removed
+after): a checkout run with PYTHONDONTWRITEBYTECODE would otherwise compile each of repro's modules
+from source in every worker, a cost no installed copy pays. A first small level warms
+up the driver (its lazy imports), as the floor's figures leave out its imports.
+
+Usage: `python benchmarks/bench_workers.py [--runs 1:2000,2:2000,2:4000,2:10000:30] [--floor] [--quick]`
 (WORKERS:SESSIONS[:RAMP_UP]: many thousands of sessions want a longer ramp-up than the default 5 s,
 or they all start within a few seconds). Prints numbers only.
 """
@@ -17,16 +25,22 @@ or they all start within a few seconds). Prints numbers only.
 from __future__ import annotations
 
 import argparse
+import compileall
+import contextlib
 import io
 import os
 import resource
+import shutil
 import tempfile
 from collections import Counter
 from pathlib import Path
+from typing import Iterator
 
 from bench_client import start_server
 from rich.console import Console
 
+import dsml_checker
+import repro
 from repro.procs.limits import ensure_open_files
 from repro.run.options import RunOptions
 from repro.run.runner import execute_run
@@ -49,7 +63,8 @@ def process_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def one(workers: int, sessions: int, ramp_up: float, args: argparse.Namespace, root: Path) -> None:
+def one(workers: int, sessions: int, ramp_up: float, args: argparse.Namespace, root: Path) -> dict[str, float]:
+    """Play one level and print its line; returns CPU per chunk (`us_per_chunk`), worst lag p99 and TTFT overhead (ms)."""
     proc, url = start_server(args.chunks, args.interval, final_after=args.turns, ttft=args.ttft)
     try:
         options = RunOptions.parse({
@@ -86,6 +101,23 @@ def one(workers: int, sessions: int, ramp_up: float, args: argparse.Namespace, r
           f"{bad} not clean; load average {os.getloadavg()[0]:.2f} -> {'ok' if ok else 'over'}")
     for error, count in errors.most_common(3):
         print(f"  {count} x {error}")
+    return {"us_per_chunk": 1e6 * cpu / max(chunks, 1), "lag_p99_ms": 1e3 * worst, "ttft_over_ms": 1e3 * (ttft - args.ttft)}
+
+
+@contextlib.contextmanager
+def compiled() -> Iterator[None]:
+    """repro and dsml_checker compiled to bytecode beside their sources, as an installed copy is, while the
+    benchmark runs; the bytecode this wrote is removed after (PYTHONDONTWRITEBYTECODE keeps the rest of the
+    checkout free of it)."""
+    folders = [Path(package.__file__).parent for package in (repro, dsml_checker)]
+    before = {path for folder in folders for path in folder.rglob("__pycache__")}
+    for folder in folders:
+        compileall.compile_dir(folder, quiet=1)
+    try:
+        yield
+    finally:
+        for path in {path for folder in folders for path in folder.rglob("__pycache__")} - before:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def add_stream_options(parser: argparse.ArgumentParser, runs: str) -> None:
@@ -108,12 +140,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_stream_options(parser, "1:2000,2:2000,2:4000")
     parser.add_argument("--quick", action="store_true", help="Small numbers, to check that the script runs.")
+    parser.add_argument("--floor", action="store_true", help="Run stream_floor.py after each level; print the ratio.")
     args = parser.parse_args()
     runs = [(1, 40, args.ramp_up), (2, 40, args.ramp_up)] if args.quick else levels(args)
     ensure_open_files(max(sessions for _, sessions, _ in runs))
-    with tempfile.TemporaryDirectory(prefix="bench-workers-") as root:
+    with contextlib.ExitStack() as stack:
+        root = stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-workers-"))
+        stack.enter_context(compiled())
+        with contextlib.redirect_stdout(io.StringIO()):
+            one(1, 10, 0.0, args, Path(root) / "warm-up")
         for workers, sessions, ramp_up in runs:
-            one(workers, sessions, ramp_up, args, Path(root))
+            ours = one(workers, sessions, ramp_up, args, Path(root))
+            if args.floor:
+                import stream_floor  # it imports this module: here, not at the top
+
+                floor = stream_floor.one(workers, sessions, ramp_up, args)
+                print(f"  ratio {workers} x {sessions}: repro {ours['us_per_chunk']:.1f} us per chunk, floor "
+                      f"{floor['us_per_chunk']:.1f} us = {ours['us_per_chunk'] / floor['us_per_chunk']:.2f}x; lag p99 "
+                      f"repro {ours['lag_p99_ms']:.1f} ms, floor {floor['lag_p99_ms']:.1f} ms; TTFT overhead "
+                      f"{ours['ttft_over_ms']:+.0f} ms; load average {os.getloadavg()[0]:.2f}")
 
 
 if __name__ == "__main__":

@@ -110,7 +110,8 @@ def _child(port: int, sessions: int, turns: int, ramp_up: float) -> None:
     print(json.dumps(uvloop.run(_worker(port, sessions, turns, ramp_up))), flush=True)
 
 
-def one(workers: int, sessions: int, ramp_up: float, args: argparse.Namespace) -> None:
+def one(workers: int, sessions: int, ramp_up: float, args: argparse.Namespace) -> dict[str, float]:
+    """Play one level and print its line; returns the client's CPU per chunk (`us_per_chunk`) and its worst lag p99 (`lag_p99_ms`)."""
     proc, url = start_server(args.chunks, args.interval, final_after=args.turns, ttft=args.ttft)
     port = urlsplit(url).port
     try:
@@ -130,6 +131,7 @@ def one(workers: int, sessions: int, ramp_up: float, args: argparse.Namespace) -
           f"client {1e6 * client / chunks:.1f} us per chunk, server {1e6 * server / chunks:.1f} us per chunk; "
           f"both {(client + server) / wall / os.cpu_count():.0%} of the machine's {os.cpu_count()} cores; "
           f"load average {os.getloadavg()[0]:.2f}")
+    return {"us_per_chunk": 1e6 * client / chunks, "lag_p99_ms": 1e3 * max(r["lag_p99_s"] for r in results)}
 
 
 def main() -> None:

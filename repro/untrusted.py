@@ -13,9 +13,10 @@ from __future__ import annotations
 import json
 import re
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
+if TYPE_CHECKING:
+    import httpx  # only named: see repro.procs.process for why it is not imported here
 
 MAX_DEPTH = 256
 """Deepest nesting accepted. Chat-completion JSON nests a handful of levels; Python's own limit is ~1,000."""

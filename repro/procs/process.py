@@ -24,7 +24,9 @@ from collections import deque
 from pathlib import Path
 from typing import IO, Sequence
 
-import httpx
+# httpx is imported where it is used (wait_http_ready), here and in the modules a `--workers` worker
+# imports: with its command line (rich, click, pygments) it costs a process ~0.2 s of CPU, and a worker
+# never uses it.
 
 from repro.errors import TargetError
 from repro.procs import containers, logcap
@@ -402,6 +404,8 @@ def wait_http_ready(
     process: ManagedProcess | None = None,
 ) -> None:
     """Poll `url` until it answers 200; TargetError on timeout or when `process` dies first."""
+    import httpx  # here, not at the top: see the note above the imports
+
     deadline = time.monotonic() + timeout
     last = "no answer yet"
     with httpx.Client(timeout=max(1.0, min(interval * 5, 10.0)), trust_env=False) as client:

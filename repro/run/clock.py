@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import httpx
-
 from repro.errors import TargetError
 from repro.run.metrics import server_root
 from repro.sim.lockstep import SESSION_HEADER
@@ -33,6 +31,8 @@ def session_headers(session_id: int) -> dict[str, str]:
 
 async def declare(url: str, sessions: int, concurrency: int) -> None:
     """Tell the simulator the load about to run; a simulator that does not take it is a target error."""
+    import httpx  # here, not at the top: every session imports this module (see repro.procs.process)
+
     try:
         async with httpx.AsyncClient(trust_env=False) as client:
             response = await client.post(f"{url}/plan", json={"sessions": sessions, "concurrency": concurrency},
@@ -46,6 +46,8 @@ async def declare(url: str, sessions: int, concurrency: int) -> None:
 async def end(url: str, session_id: int) -> None:
     """Tell the simulator a session sends no more turns. Best effort: a lost notice costs the simulator its
     patience (and it then says the schedule is not reproducible), not the session its record."""
+    import httpx
+
     try:
         async with httpx.AsyncClient(trust_env=False) as client:
             await client.post(f"{url}/ended", json={"session": str(session_id)}, timeout=CLOCK_TIMEOUT_S)

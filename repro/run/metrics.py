@@ -12,11 +12,14 @@ import io
 import json
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import anyio
-import httpx
 
 from repro.store.rundir import append_whole
+
+if TYPE_CHECKING:
+    import httpx  # imported where used: see repro.procs.process
 
 HEADER = ("elapsed_s", "metric", "labels", "value")
 SCRAPE_TIMEOUT_S = 5.0
@@ -58,6 +61,8 @@ class MetricsScraper:
         """Why metrics.csv could not be written (a full disk): scraping stops, the run goes on."""
 
     async def scrape_once(self, origin: float) -> bool:
+        import httpx
+
         try:
             body = bytearray()
             with anyio.fail_after(SCRAPE_TIMEOUT_S):

@@ -47,7 +47,6 @@ class ReplaySession(Session):
     async def run(self) -> SessionRecord:
         config = self.config
         conversation = self.conversation
-        deadline = self.start_s + config.timeout
         positions = conversation.turn_positions()[: config.turns]
         first = conversation.messages[positions[0]].seconds()
         for index, position in enumerate(positions):
@@ -56,15 +55,14 @@ class ReplaySession(Session):
                 assert recorded is not None  # load_trace(timing=True) checked every assistant message
                 wait = self.start_s + (recorded - first) - self._now()
                 if wait > 0:
-                    await anyio.sleep(min(wait, max(deadline - self._now(), 0.0)))
-            remaining = deadline - self._now()
+                    await anyio.sleep(min(wait, max(self._left(), 0.0)))
+            remaining = self._left()
             if remaining <= 0:
                 self.failure, self.error = "timeout", f"session budget of {config.timeout:g}s used up"
                 break
             self.messages = [message.sent() for message in conversation.messages[:position]]
             if await self._exchange(index, min(config.turn_timeout, remaining)) is None:
                 break
-            deadline += self.turns[-1].queue_s  # time queued in the client is not the session's to spend
         else:
             self.finished = len(positions) == len(conversation.turn_positions())
         return self._record(None)

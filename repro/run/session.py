@@ -211,21 +211,25 @@ class Session:
         """The non-corrupt way the session ended early: `error` or `timeout`."""
         self.rules: list[str] = []
         self.encoder = BodyEncoder(config.encoder)
+        self.queued = 0.0
+        """Seconds the recorded turns waited in the client (their `queue_s`), which the session's budget does not count."""
 
     def _now(self) -> float:
         return time.perf_counter() - self.origin
 
+    def _left(self) -> float:
+        """Seconds left of the session's budget: time queued in the client is not the session's to spend."""
+        return self.start_s + self.config.timeout + self.queued - self._now()
+
     async def run(self) -> SessionRecord:
         config = self.config
-        deadline = self.start_s + config.timeout
         for index in range(config.turns):
-            remaining = deadline - self._now()
+            remaining = self._left()
             if remaining <= 0:
                 self.failure, self.error = "timeout", f"session budget of {config.timeout:g}s used up"
                 break
             if not await self._turn(index, min(config.turn_timeout, remaining)):
                 break
-            deadline += self.turns[-1].queue_s  # time queued in the client is not the session's to spend
         return self._record(None)
 
     async def _turn(self, index: int, budget: float) -> bool:
@@ -378,6 +382,7 @@ class Session:
                     self.session_id, record.index, rawtext.text.encode("utf-8", "surrogatepass"), suffix=RAW_TEXT_SUFFIX
                 )
         self.turns.append(record)
+        self.queued += record.queue_s
         if self.on_turn is not None:
             self.on_turn(record)
 

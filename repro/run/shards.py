@@ -19,6 +19,7 @@ not played, the other workers finish theirs, and the run reports which worker wa
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import importlib.util
 import pickle
@@ -33,7 +34,6 @@ from typing import Any, AsyncIterator, Callable, Protocol
 
 import anyio
 from anyio.abc import ByteStream
-from anyio.streams.buffered import BufferedByteReceiveStream
 
 from repro.cluster.node import where
 from repro.errors import InternalError, handle_interrupts, stopping
@@ -299,18 +299,45 @@ async def play_shard(job: ShardJob, emit: Callable[[Frame], None], stop: anyio.E
 # The local transport: processes on this machine, frames over a Unix socket.
 
 
-async def send_frame(stream: ByteStream, message: Frame) -> None:
-    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    await stream.send(_HEADER.pack(len(data)) + data)
+async def send_frame(stream: ByteStream, *messages: Frame) -> None:
+    """`messages` in order, in one write."""
+    parts = []
+    for message in messages:
+        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        parts += (_HEADER.pack(len(data)), data)
+    await stream.send(b"".join(parts))
 
 
-async def receive_frame(reader: BufferedByteReceiveStream) -> Frame | None:
-    """The next message, or None when the peer closed the connection."""
-    try:
-        size = _HEADER.unpack(await reader.receive_exactly(_HEADER.size))[0]
-        return pickle.loads(await reader.receive_exactly(size))  # noqa: S301 - a process this driver started
-    except (anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError, anyio.ClosedResourceError):
-        return None
+class FrameReader:
+    """The messages of a byte stream, in order: each read takes every whole frame it brought.
+
+    A worker writes what it has queued in one write, so a read usually holds several frames; reading
+    each frame's header and body as two buffered reads cost the driver two awaits a frame.
+    """
+
+    def __init__(self, stream: ByteStream) -> None:
+        self.stream = stream
+        self.buffer = bytearray()
+        self.ready: collections.deque[Frame] = collections.deque()
+
+    async def next(self) -> Frame | None:
+        """The next message, or None when the peer closed the connection."""
+        while not self.ready:
+            try:
+                data = await self.stream.receive()
+            except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                return None
+            buffer = self.buffer
+            buffer += data
+            start = 0
+            while len(buffer) - start >= _HEADER.size:
+                end = start + _HEADER.size + _HEADER.unpack_from(buffer, start)[0]
+                if end > len(buffer):
+                    break
+                self.ready.append(pickle.loads(buffer[start + _HEADER.size:end]))  # noqa: S301 - a process this driver started
+                start = end
+            del buffer[:start]
+        return self.ready.popleft()
 
 
 @dataclass
@@ -329,8 +356,8 @@ class _ProcessLink:
 
     async def frames(self) -> AsyncIterator[Frame]:
         assert self.stream is not None
-        reader = BufferedByteReceiveStream(self.stream)
-        while (message := await receive_frame(reader)) is not None:
+        reader = FrameReader(self.stream)
+        while (message := await reader.next()) is not None:
             yield message
             if message[0] == "done":
                 return
@@ -374,7 +401,7 @@ async def _connect(listener: Any, pool: list[_ProcessLink]) -> None:
     async def accept_all() -> None:
         while waiting:
             stream = await listener.accept()
-            hello = await receive_frame(BufferedByteReceiveStream(stream))
+            hello = await FrameReader(stream).next()
             if hello is None or hello[0] != "hello" or hello[1] not in waiting:
                 await stream.aclose()
                 continue
@@ -399,8 +426,8 @@ async def _work(socket_path: str, index: int) -> None:
     """One local worker: connect, take the job, play it, stream every frame back, end with `done`."""
     stream = await anyio.connect_unix(socket_path)
     await send_frame(stream, ("hello", index, where()))
-    reader = BufferedByteReceiveStream(stream)
-    message = await receive_frame(reader)
+    reader = FrameReader(stream)
+    message = await reader.next()
     if message is None:
         return
     job: ShardJob = message[1]
@@ -411,13 +438,21 @@ async def _work(socket_path: str, index: int) -> None:
         async with outbox:
             try:
                 async for item in outbox:
-                    await send_frame(stream, item)
+                    # What else is queued goes in the same write: a session's start and its record were a
+                    # system call each, on both sides.
+                    items = [item]
+                    while True:
+                        try:
+                            items.append(outbox.receive_nowait())
+                        except (anyio.WouldBlock, anyio.EndOfStream):
+                            break
+                    await send_frame(stream, *items)
             except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                 stop.set()  # the driver is gone: nobody keeps what is left
 
     async def listen() -> None:
         # "stop" from the driver, or the driver gone: either way the sessions in flight are cut short.
-        await receive_frame(reader)
+        await reader.next()
         stop.set()
 
     async with anyio.create_task_group() as group:

@@ -90,6 +90,8 @@ class InFlight:
         self.paused = 0
         """Tickets whose reading is paused: new turns wait behind them."""
         self.changed = anyio.Event()
+        self.waiting = 0
+        """Turns waiting in `_admit` for `changed`."""
 
     @property
     def estimate(self) -> int:
@@ -104,7 +106,11 @@ class InFlight:
     async def _admit(self, ticket: Ticket) -> None:
         while self.paused or self._full(self.estimate):
             # Every release or resumption wakes the waiters to look again; one Event per change.
-            await self.changed.wait()
+            self.waiting += 1
+            try:
+                await self.changed.wait()
+            finally:
+                self.waiting -= 1
         ticket.admitted = True
         ticket.charge = self.estimate
         self.used += ticket.charge
@@ -139,5 +145,6 @@ class InFlight:
         for position, ticket in enumerate(self.tickets.values() if self.paused else ()):
             if ticket.paused and (position == 0 or self.limit is None or self.used <= self.limit):
                 self._unpause(ticket)
-        self.changed.set()
-        self.changed = anyio.Event()
+        if self.waiting:  # nobody to wake: no new Event (anyio looks its backend up for each), as every turn ends here
+            self.changed.set()
+            self.changed = anyio.Event()
